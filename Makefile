@@ -1,0 +1,29 @@
+# Two entry points, each safe on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.trainwise-installed
+
+.PHONY: setup demo test clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Keep a torch that is already installed; otherwise take the pinned CPU-capable release
+# (an open range could pull a multi-GB CUDA build).
+$(STAMP): $(PY) pyproject.toml
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(VENV)/bin/trainwise estimate bert-large-uncased --batch-size 4 --seq-len 512 --device A100-40GB
+
+test: setup
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) *.egg-info

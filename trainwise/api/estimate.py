@@ -1,0 +1,103 @@
+"""`trainwise.api.estimate`: the memory anatomy of one training step, without a GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from dataclasses import dataclass, field
+
+from trainwise.api.compatibility import check_device_support, check_estimate_support
+from trainwise.estimate.extrapolate import (TRACED_BLOCKS, block_count, extrapolate_dataclass,
+                                             should_extrapolate, with_blocks)
+from trainwise.estimate.memory import MemoryEstimate, memory_from_trace
+from trainwise.hardware import Device, resolve_device
+from trainwise.models import ModelSpec, build_model_with_notes, check_seq_len, example_batch, resolve_model
+from trainwise.plan.plan import Plan
+from trainwise.trace.step_trace import StepTrace, trace_training_step
+
+
+@dataclass(frozen=True)
+class EstimateResult:
+    """A prediction for one plan on one device. Memory in bytes; counts in parameters."""
+
+    model: str
+    task: str
+    params: int
+    trainable_params: int
+    device: Device
+    plan: Plan
+    memory: MemoryEstimate
+    activations_by_module: dict[str, int]  # saved-activation bytes per module (traced blocks)
+    traced_blocks: int | None  # blocks really traced when extrapolated, else None
+    total_blocks: int | None
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether device_total fits the device's memory; None when the capacity is unknown."""
+        capacity = self.device.memory_bytes
+        return None if capacity is None else self.memory.device_total <= capacity
+
+    def to_json(self) -> dict:
+        capacity = self.device.memory_bytes
+        memory = self.memory.to_json()
+        memory["device_capacity"] = capacity
+        return {"model": self.model, "task": self.task, "params": self.params,
+                "trainable_params": self.trainable_params, "device": self.device.kind,
+                "device_name": self.device.name, "device_source": self.device.source,
+                "plan": self.plan.to_dict(), "memory": memory, "fits": self.fits,
+                "method": "predicted: traced on fake tensors" + (
+                    f" ({self.traced_blocks[0]} and {self.traced_blocks[1]} of {self.total_blocks} blocks, extrapolated)"
+                    if self.traced_blocks else ""),
+                "notes": list(self.notes)}
+
+
+def estimate(model: str | ModelSpec, plan: Plan | None = None, *, task: str | None = None,
+             trust_remote_code: bool = False) -> EstimateResult:
+    """Predict the memory of one training step of `model` under `plan` (bytes, one device).
+
+    `model` is a catalog name, a local Hugging Face directory, `package.module:function` or
+    a resolved ModelSpec. Nothing is allocated: the model is built on the meta device and
+    the step runs on fake tensors."""
+    plan = plan or Plan()
+    spec = model if isinstance(model, ModelSpec) else resolve_model(model, task=task, trust_remote_code=trust_remote_code)
+    device = resolve_device(plan.device)
+    check_estimate_support(plan)
+    check_device_support(plan, device)
+    check_seq_len(spec, plan.seq_len)
+    blocks = block_count(spec.config)
+    if should_extrapolate(blocks):
+        small_n, large_n = TRACED_BLOCKS
+        small, large = (_trace(dataclasses.replace(spec, config=with_blocks(spec.config, n)), plan, device)
+                        for n in (small_n, large_n))
+        memory = extrapolate_dataclass(small[1], large[1], small_n, large_n, blocks)
+        params = _extrapolate_count(small[0].params, large[0].params, small_n, large_n, blocks)
+        trainable = _extrapolate_count(small[0].trainable_params, large[0].trainable_params, small_n, large_n, blocks)
+        trace, notes, traced = large[0], large[2], (small_n, large_n)
+    else:
+        trace, memory, notes = _trace(spec, plan, device)
+        params, trainable, traced = trace.params, trace.trainable_params, None
+    return EstimateResult(model=spec.name, task=spec.task, params=params, trainable_params=trainable,
+                          device=device, plan=plan, memory=memory,
+                          activations_by_module=_activations_by_module(trace), traced_blocks=traced,
+                          total_blocks=blocks, notes=tuple(notes))
+
+
+def _trace(spec: ModelSpec, plan: Plan, device: Device) -> tuple[StepTrace, MemoryEstimate, tuple[str, ...]]:
+    built = build_model_with_notes(spec, "meta", attention=plan.attention,
+                                   batch_size=plan.batch_size, seq_len=plan.seq_len)
+    batch_fn = lambda: example_batch(spec, plan.batch_size, plan.seq_len, device="cpu")  # noqa: E731
+    trace = trace_training_step(built.model, batch_fn, plan, device.kind, task=spec.task)
+    return trace, memory_from_trace(trace, device), tuple(built.notes)
+
+
+def _extrapolate_count(small: int, large: int, small_n: int, large_n: int, target: int) -> int:
+    return large + (large - small) // (large_n - small_n) * (target - large_n)
+
+
+def _activations_by_module(trace: StepTrace) -> dict[str, int]:
+    totals = Counter()
+    for record in trace.records:
+        if record.category == "activations" and record.phase == "forward":
+            totals[record.module or "(model inputs)"] += record.nbytes
+    return dict(totals)

@@ -1,0 +1,1 @@
+"""Command line: thin parsing and rendering around `trainwise.api`."""

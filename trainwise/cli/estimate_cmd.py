@@ -1,0 +1,41 @@
+"""`trainwise estimate MODEL [knobs]`."""
+
+from __future__ import annotations
+
+from trainwise.cli.flags import add_knob_flags, plan_from_args
+
+
+def register(commands) -> None:
+    parser = commands.add_parser("estimate", help="predict the memory of one training step (no GPU needed)",
+                                 description="Predict the memory anatomy of one training step of MODEL, "
+                                             "by tracing the real step on fake tensors.")
+    parser.add_argument("model", metavar="MODEL",
+                        help="catalog name (see `trainwise models`), a local Hugging Face model directory, "
+                             "or package.module:function returning (model, batch)")
+    parser.add_argument("--task", default=None, help="causal-lm, seq-cls, seq2seq or masked-lm (default: the model's usual)")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="allow a local model directory's own Python code to run (off by default)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument("--by-module", action="store_true", help="also show which modules hold the activations")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    add_knob_flags(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from rich.console import Console
+
+    from trainwise.api import estimate
+    from trainwise.cli.main import print_json
+    from trainwise.cli.render_estimate import render_estimate
+
+    plan = plan_from_args(args)
+    result = estimate(args.model, plan, task=args.task, trust_remote_code=args.trust_remote_code)
+    if args.json:
+        data = result.to_json()
+        if args.by_module:
+            data["activations_by_module"] = result.activations_by_module
+        print_json(data)
+    else:
+        render_estimate(result, Console(), by_module=args.by_module)
+    return 0

@@ -1,0 +1,64 @@
+"""`trainwise` command: parse, call the API, render. Exit codes: 0 ok, 2 bad input,
+3 out of memory, 1 anything else."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from trainwise.plan.errors import InputError
+
+EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_OOM = 0, 1, 2, 3
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors become our one-line exit-2 errors."""
+
+    def error(self, message):
+        raise InputError(self.prog, message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from trainwise.cli import estimate_cmd, models_cmd
+
+    parser = _Parser(prog="trainwise", description="Predict, plan, train and measure transformer training.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    estimate_cmd.register(commands)
+    models_cmd.register(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv
+    try:
+        args = build_parser().parse_args(argv)
+        if not getattr(args, "run", None):
+            build_parser().print_help()
+            return EXIT_BAD_INPUT
+        return args.run(args) or EXIT_OK
+    except InputError as err:
+        if debug:
+            raise
+        print(f"trainwise: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:  # noqa: BLE001 - the last line of defence: one line, exit 1
+        if debug:
+            raise
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        print(f"trainwise: error: {type(err).__name__}: {first_line} (rerun with --debug for a traceback)",
+              file=sys.stderr)
+        return EXIT_ERROR
+
+
+def print_json(data) -> None:
+    json.dump(data, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The estimate as a table: the memory anatomy of one step, and whether it fits."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from trainwise.api.estimate import EstimateResult
+from trainwise.cli.units import human_bytes, human_count
+
+# (key in MemoryEstimate, label, where the number comes from)
+PARTS = (
+    ("weights", "weights", "predicted"),
+    ("buffers", "buffers", "predicted"),
+    ("gradients", "gradients", "predicted"),
+    ("optimizer", "optimizer states", "predicted"),
+    ("activations", "activations (saved)", "predicted"),
+    ("temporary", "temporaries (at peak)", "predicted"),
+    ("workspace", "cuBLAS workspace", "catalog"),
+)
+
+
+def render_estimate(result: EstimateResult, console: Console, by_module: bool = False) -> None:
+    memory, plan = result.memory, result.plan
+    console.print(_headline(result))
+    table = Table(title="Memory of one training step on one device (bytes, predicted unless marked)",
+                  title_justify="left")
+    for column, justify in (("part", "left"), ("size", "right"), ("bytes/param", "right"),
+                            ("share of peak", "right"), ("live at peak", "right"), ("source", "left")):
+        table.add_column(column, justify=justify)
+    peak = memory.peak_allocated or 1
+    for key, label, source in PARTS:
+        value = getattr(memory, key)
+        if key in ("buffers", "workspace") and value == 0:
+            continue
+        live = memory.at_peak.get(key, 0)
+        table.add_row(label, human_bytes(value), f"{value / max(result.params, 1):.2f}",
+                      f"{100 * live / peak:.1f} %", human_bytes(live), source)
+    table.add_section()
+    reserved_note = "caching allocator model" if result.device.kind == "cuda" else "cpu: no cache"
+    table.add_row("[bold]peak allocated[/]", human_bytes(memory.peak_allocated),
+                  f"{memory.peak_allocated / max(result.params, 1):.2f}", "100.0 %", "",
+                  f"predicted, peak in {memory.peak_phase}")
+    table.add_row("peak reserved", human_bytes(memory.peak_reserved), "", "", "", f"predicted ({reserved_note})")
+    if result.device.kind == "cuda":
+        table.add_row("CUDA context", human_bytes(memory.context), "", "", "", "catalog estimate")
+    table.add_row("[bold]device total[/]", human_bytes(memory.device_total), "", "", "",
+                  "predicted (what nvidia-smi shows)" if result.device.kind == "cuda" else "predicted (tensor memory)")
+    console.print(table)
+    console.print(_fit_line(result))
+    for note in result.notes:
+        console.print(f"note: {note}")
+    if by_module:
+        console.print(_module_table(result))
+
+
+def _headline(result: EstimateResult) -> str:
+    plan = result.plan
+    knobs = [f"batch {plan.batch_size} x accum {plan.grad_accum}", f"seq {plan.seq_len}", plan.precision, plan.optim,
+             f"attention {plan.attention}"]
+    if plan.grad_ckpt:
+        knobs.append("grad-ckpt")
+    if plan.lora:
+        knobs.append(f"LoRA r={plan.lora_rank}")
+    traced = (f"; traced {result.traced_blocks[0]} and {result.traced_blocks[1]} of {result.total_blocks} blocks,"
+              " extrapolated" if result.traced_blocks else "")
+    return (f"[bold]{result.model}[/] ({result.task}): {result.params:,} parameters "
+            f"({human_count(result.trainable_params)} trainable){traced}\n"
+            f"plan: {', '.join(knobs)}\n"
+            f"device: {result.device.name} ({result.device.source})")
+
+
+def _fit_line(result: EstimateResult) -> str:
+    capacity = result.device.memory_bytes
+    total = result.memory.device_total
+    if capacity is None:
+        if result.device.kind == "cpu":
+            return "fit: not judged on cpu (host memory); name a GPU with --device to check a fit"
+        return "fit: unknown GPU capacity; name one with --device (e.g. --device A100-80GB)"
+    if total <= capacity:
+        return (f"[green]fits[/] {result.device.name}: {human_bytes(total)} of {human_bytes(capacity)} "
+                f"({100 * total / capacity:.0f} %, catalog capacity), {human_bytes(capacity - total)} to spare")
+    return (f"[red]does not fit[/] {result.device.name}: needs {human_bytes(total)}, has {human_bytes(capacity)} "
+            f"(catalog); misses by {human_bytes(total - capacity)}")
+
+
+def _module_table(result: EstimateResult) -> Table:
+    title = "Activations saved for backward, by the module that produced them (bytes, predicted)"
+    if result.traced_blocks:
+        title += f"; blocks of the {result.traced_blocks[1]}-block trace shown, each of the {result.total_blocks} holds the same"
+    table = Table(title=title, title_justify="left")
+    table.add_column("module")
+    table.add_column("saved", justify="right")
+    table.add_column("share", justify="right")
+    total = sum(result.activations_by_module.values()) or 1
+    for module, nbytes in sorted(result.activations_by_module.items(), key=lambda kv: -kv[1])[:40]:
+        table.add_row(module, human_bytes(nbytes), f"{100 * nbytes / total:.1f} %")
+    return table

@@ -1,0 +1,81 @@
+"""From a StepTrace and a Device to the memory figures users see (bytes, one device)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trainwise.estimate.anatomy import replay
+from trainwise.estimate.caching_allocator import round_block_size, simulate
+from trainwise.hardware import Device
+from trainwise.trace.recorder import ALLOC
+from trainwise.trace.step_trace import StepTrace
+
+# cuBLAS keeps one workspace per (handle, stream); a handle is per thread, and autograd runs
+# CUDA backward on its own device thread, so a training step holds two.
+CUBLAS_HANDLES_PER_STEP = 2
+
+MEMORY_KEYS = ("weights", "gradients", "optimizer", "activations", "temporary", "context",
+               "peak_allocated", "peak_reserved", "device_total")
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Predicted memory of one training step on one device, in bytes.
+
+    weights/buffers/gradients/optimizer: held in steady state; activations: saved for
+    backward at the end of one micro-batch's forward; temporary: other tensors alive at the
+    peak; workspace: cuBLAS workspaces; context: device memory outside PyTorch's allocator
+    (CUDA context, kernels; a catalog figure); peak_allocated / peak_reserved: what
+    torch.cuda.max_memory_allocated / max_memory_reserved would report; device_total: what
+    nvidia-smi would show for the process."""
+
+    weights: int
+    buffers: int
+    gradients: int
+    optimizer: int
+    activations: int
+    temporary: int
+    workspace: int
+    context: int
+    peak_allocated: int
+    peak_reserved: int
+    device_total: int
+    peak_phase: str
+    peak_module: str
+    at_peak: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        data = {key: getattr(self, key) for key in MEMORY_KEYS}
+        data.update(buffers=self.buffers, workspace=self.workspace, peak_phase=self.peak_phase,
+                    at_peak=dict(self.at_peak))
+        return data
+
+
+def memory_from_trace(trace: StepTrace, device: Device) -> MemoryEstimate:
+    """Apply the device's allocator and fixed overheads to the traced step."""
+    if device.is_cuda:
+        workspace = CUBLAS_HANDLES_PER_STEP * device.cublas_workspace_bytes
+        extra = [("workspace", device.cublas_workspace_bytes)] * CUBLAS_HANDLES_PER_STEP
+        anatomy = replay(trace, round_block_size, extra)
+        stats = simulate(_allocator_events(trace, extra))
+        peak_reserved = stats.peak_reserved
+    else:
+        # The CPU allocator hands out exactly what is asked and caches nothing.
+        workspace, anatomy = 0, replay(trace)
+        peak_reserved = anatomy.peak_allocated
+    context = device.context_bytes
+    totals = anatomy.totals
+    return MemoryEstimate(
+        weights=totals["weights"], buffers=totals["buffers"], gradients=totals["gradients"],
+        optimizer=totals["optimizer"], activations=totals["activations"], temporary=totals["temporary"],
+        workspace=workspace, context=context, peak_allocated=anatomy.peak_allocated,
+        peak_reserved=peak_reserved, device_total=peak_reserved + context,
+        peak_phase=anatomy.peak_phase, peak_module=anatomy.peak_module, at_peak=anatomy.at_peak)
+
+
+def _allocator_events(trace: StepTrace, extra):
+    """The trace's events as (alloc|free, key, nbytes) for the caching-allocator model."""
+    offset = len(trace.records)
+    events = [("alloc", offset + i, nbytes) for i, (_, nbytes) in enumerate(extra)]
+    events += [("alloc" if kind == ALLOC else "free", key, trace.records[key].nbytes) for kind, key in trace.events]
+    return events

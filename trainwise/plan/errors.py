@@ -1,0 +1,17 @@
+"""Errors that mean "the user asked for something that cannot be": exit code 2."""
+
+
+class InputError(ValueError):
+    """Bad input, reported as one line naming the field and what is allowed."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}")
+
+
+class NotSupportedYet(InputError):
+    """A declared knob whose implementation has not landed for this command yet."""
+
+    def __init__(self, field: str, what: str):
+        super().__init__(field, f"not supported yet by {what}")

@@ -1,0 +1,137 @@
+"""The Plan: one frozen object holding every knob of a training configuration."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from trainwise.plan.errors import InputError
+from trainwise.plan.knobs import KnobSpec, knob, knob_specs
+
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "bf16-pure")
+OPTIMIZERS = ("adamw", "adamw-fused", "adafactor", "adamw-8bit", "sgd")
+ATTENTIONS = ("eager", "sdpa", "flash")
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+LR_SCHEDULES = ("cosine", "linear", "constant")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every knob of one training configuration. Sizes are per device unless said otherwise."""
+
+    # --- batch shape
+    batch_size: int = knob(4, "micro-batch size per device (samples)", minimum=1)
+    grad_accum: int = knob(1, "micro-batches accumulated per optimizer step", minimum=1)
+    seq_len: int = knob(512, "tokens per sample", minimum=1)
+    # --- numerics and optimizer
+    precision: str = knob("fp32", "numeric precision of the step", choices=PRECISIONS)
+    optim: str = knob("adamw", "optimizer", choices=OPTIMIZERS)
+    lr: float = knob(3e-4, "peak learning rate", minimum=0.0)
+    weight_decay: float = knob(0.01, "decoupled weight decay (not applied to biases and norms)", minimum=0.0)
+    warmup_steps: int = knob(0, "linear warm-up steps", minimum=0)
+    lr_schedule: str = knob("cosine", "learning-rate schedule after warm-up", choices=LR_SCHEDULES)
+    max_grad_norm: float = knob(1.0, "gradient clipping norm (0 disables)", minimum=0.0)
+    # --- memory and speed techniques
+    grad_ckpt: bool = knob(False, "gradient (activation) checkpointing per transformer block")
+    attention: str = knob("sdpa", "attention kernel", choices=ATTENTIONS)
+    compile: bool = knob(False, "torch.compile the model")
+    compile_mode: str = knob("default", "torch.compile mode", choices=COMPILE_MODES)
+    lora_rank: int = knob(0, "LoRA rank (0 trains all weights)", minimum=0)
+    lora_alpha: int = knob(16, "LoRA scaling alpha", minimum=1)
+    lora_targets: str = knob("auto", "comma-separated module names for LoRA, or auto (peft's default for the model)")
+    # --- data loading
+    workers: int = knob(0, "DataLoader worker processes", minimum=0)
+    pin_memory: bool = knob(False, "pin host memory for faster host-to-device copies")
+    # --- where
+    device: str = knob("cuda", "cpu, cuda (the GPU present), or a GPU name from the hardware catalog")
+    # --- parallel layout
+    nproc: int = knob(1, "processes (GPUs) on this node", minimum=1)
+    dp: int = knob(1, "data-parallel replicas (DDP)", minimum=1)
+    fsdp: int = knob(1, "sharded data-parallel degree (FSDP2)", minimum=1)
+    zero: int | None = knob(None, "ZeRO stage for sharded data parallel", choices=("1", "2", "3"), optional=True, kind=int)
+    cpu_offload: bool = knob(False, "offload sharded parameters and optimizer state to CPU")
+    tp: int = knob(1, "tensor-parallel degree", minimum=1)
+    pp: int = knob(1, "pipeline-parallel stages", minimum=1)
+    pp_schedule: str = knob("1f1b", "pipeline schedule", choices=PP_SCHEDULES)
+    microbatches: int | None = knob(None, "pipeline micro-batches per step (default: 2 x pp)", minimum=1, optional=True, kind=int)
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def lora(self) -> bool:
+        return self.lora_rank > 0
+
+    @property
+    def global_batch_per_device(self) -> int:
+        """Samples per optimizer step on one data-parallel rank."""
+        return self.batch_size * self.grad_accum
+
+    @property
+    def is_distributed(self) -> bool:
+        return any(d > 1 for d in (self.nproc, self.dp, self.fsdp, self.tp, self.pp)) or self.zero is not None
+
+    # ------------------------------------------------------------------ io
+    @classmethod
+    def specs(cls) -> tuple[KnobSpec, ...]:
+        return knob_specs(cls)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], source: str = "plan") -> "Plan":
+        """Build a validated Plan from loosely typed values (a file, CLI strings)."""
+        specs = {s.name: s for s in cls.specs()}
+        clean = {}
+        for key, value in values.items():
+            name = key.replace("-", "_")
+            if name not in specs:
+                known = ", ".join(sorted(specs))
+                raise InputError(f"{source}: {key}", f"unknown knob; known knobs: {known}")
+            clean[name] = coerce(specs[name], value)
+        return cls(**clean)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes) -> "Plan":
+        return Plan.from_dict({**self.to_dict(), **changes})
+
+    def changed_knobs(self) -> dict[str, Any]:
+        """Knobs that differ from their defaults, for compact display."""
+        return {s.name: getattr(self, s.name) for s in self.specs() if getattr(self, s.name) != s.default}
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def coerce(spec: KnobSpec, value: Any) -> Any:
+    """Convert `value` to the knob's type and check it is allowed; raise InputError naming the flag."""
+    if value is None:
+        if spec.optional:
+            return None
+        raise InputError(spec.flag, f"must be {spec.allowed()} (got nothing)")
+    try:
+        if spec.kind is bool:
+            if isinstance(value, bool):
+                converted = value
+            elif str(value).lower() in _TRUE | _FALSE:
+                converted = str(value).lower() in _TRUE
+            else:
+                raise ValueError
+        elif spec.kind is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            converted = int(value)
+        elif spec.kind is float:
+            if isinstance(value, bool):
+                raise ValueError
+            converted = float(value)
+        else:
+            converted = str(value)
+    except (TypeError, ValueError):
+        raise InputError(spec.flag, f"must be {spec.allowed()} (got {value!r})") from None
+    if spec.choices and str(converted) not in spec.choices:
+        raise InputError(spec.flag, f"must be {spec.allowed()} (got {value!r})")
+    if spec.minimum is not None and converted < spec.minimum:
+        raise InputError(spec.flag, f"must be {spec.allowed()} (got {value!r})")
+    return converted

@@ -1,0 +1,37 @@
+"""The order techniques are applied to a model, and how a loss is read from its output."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from trainwise.plan.plan import Plan
+from trainwise.step.checkpointing import enable_checkpointing
+from trainwise.step.lora import apply_lora
+from trainwise.step.precision import PrecisionPolicy
+
+
+def prepare_model(model: nn.Module, plan: Plan, policy: PrecisionPolicy, task: str | None = None) -> nn.Module:
+    """Apply, in order: LoRA adapters -> gradient checkpointing -> weight dtype -> train mode.
+
+    LoRA first so checkpointing wraps the adapted blocks; the dtype cast last so adapters
+    are cast too under bf16-pure."""
+    if plan.lora:
+        model = apply_lora(model, plan, task)
+    if plan.grad_ckpt:
+        model = enable_checkpointing(model)
+    if policy.param_dtype != torch.float32:
+        model = model.to(policy.param_dtype)
+    model.train()
+    return model
+
+
+def compute_loss(model: nn.Module, batch) -> torch.Tensor:
+    """Run the model on one micro-batch and return its scalar loss."""
+    output = model(**batch) if isinstance(batch, dict) else model(batch)
+    loss = output if isinstance(output, torch.Tensor) else getattr(output, "loss", None)
+    if loss is None and isinstance(output, (tuple, list)):
+        loss = output[0]
+    if loss is None:
+        raise ValueError(f"{type(model).__name__} returned no loss; give it labels or return a loss tensor")
+    return loss

@@ -1,0 +1,137 @@
+"""Trace one steady-state training step on fake tensors: the StepTrace every estimate reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from trainwise.plan.plan import Plan
+from trainwise.step import build_optimizer, compute_loss, precision_policy
+from trainwise.step.precision import PrecisionPolicy
+from trainwise.trace.autocast_policy import autocast_for_target
+from trainwise.trace.fake_model import materialize_fake
+from trainwise.trace.module_scope import ModuleScope
+from trainwise.trace.recorder import AllocationRecorder, StorageRecord
+
+CATEGORIES = ("weights", "buffers", "gradients", "optimizer", "activations", "temporary")
+
+
+@dataclass
+class StepTrace:
+    """Every allocation of one training step, in program order.
+
+    `events` are (alloc|free, storage key) pairs; `records[key]` says how big each storage
+    was, which phase and module created it and its category. Events before `window_start`
+    set up the state the measured step starts from (weights, optimizer state); peaks are
+    read from the window only, as a long training run's peak is a steady-state step's."""
+
+    events: list[tuple[str, int]]
+    records: list[StorageRecord]
+    window_start: int
+    phase_starts: list[tuple[str, int]]  # (phase, first event index) inside the window
+    params: int
+    trainable_params: int
+    micro_steps_traced: int
+    target_device_type: str
+
+
+def trace_training_step(model: nn.Module, batch_fn, plan: Plan, target_device_type: str,
+                        task: str | None = None) -> StepTrace:
+    """Run one optimizer step of `plan` on a meta-device `model` under FakeTensorMode.
+
+    `batch_fn()` builds one micro-batch (called inside the fake mode, so its tensors are
+    fake). `target_device_type` ('cpu' or 'cuda') selects the autocast policy and optimizer
+    kernels the real step would use; the trace itself always runs on fake CPU tensors."""
+    from trainwise.step.recipe import prepare_model
+
+    policy = precision_policy(plan.precision, target_device_type)
+    model = prepare_model(model, plan, policy, task)
+    params = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    scope = ModuleScope(model)
+    recorder = AllocationRecorder(scope)
+    with FakeTensorMode(allow_non_fake_inputs=False), scope, recorder:
+        materialize_fake(model, "cpu")
+        for tensor in [*model.parameters(), *model.buffers()]:
+            recorder.track(tensor, op="weights")
+        optimizer = _traced_optimizer(plan, model, target_device_type)
+        _create_optimizer_state(model, optimizer)
+        micro_steps = min(plan.grad_accum, 2)  # later micro-steps repeat the second exactly
+        window_start = len(recorder.events)
+        phase_starts = _run_step(model, optimizer, batch_fn, plan, policy, recorder, micro_steps,
+                                 target_device_type)
+        _categorise(model, optimizer, recorder)
+    return StepTrace(recorder.events, recorder.records, window_start, phase_starts, params, trainable,
+                     micro_steps, target_device_type)
+
+
+def _traced_optimizer(plan: Plan, model: nn.Module, target_device_type: str) -> torch.optim.Optimizer:
+    if plan.optim == "adamw-8bit":
+        from trainwise.step.optimizers import parameter_groups
+        from trainwise.trace.bnb_state import AdamW8bitStateModel
+
+        return AdamW8bitStateModel(parameter_groups(model, plan.weight_decay), lr=plan.lr)
+    return build_optimizer(plan, model, target_device_type)
+
+
+def _create_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Optimizers create their state lazily on the first step; make it exist before the
+    measured step, using stand-in gradients (only shapes matter on fake tensors)."""
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _run_step(model, optimizer, batch_fn, plan: Plan, policy: PrecisionPolicy, recorder,
+              micro_steps: int, target_device_type: str):
+    phase_starts = []
+
+    def enter(phase):
+        recorder.phase = phase
+        phase_starts.append((phase, len(recorder.events)))
+
+    loss_scale = 2.0**16 if policy.loss_scaling else None
+    for _ in range(micro_steps):
+        enter("data")
+        batch = batch_fn()
+        enter("forward")
+        with autocast_for_target(policy, target_device_type):
+            loss = compute_loss(model, batch) / plan.grad_accum
+        enter("backward")
+        (loss * loss_scale if loss_scale else loss).backward()
+        del loss, batch
+    enter("optimizer")
+    trainable = [p for p in model.parameters() if p.grad is not None]
+    recorder.grad_keys = {recorder.key_of(p.grad) for p in trainable}
+    if loss_scale:  # GradScaler.unscale_: an in-place multi-tensor kernel plus a flag
+        found_inf = torch.zeros(1)
+        torch._amp_foreach_non_finite_check_and_unscale_([p.grad for p in trainable], found_inf,
+                                                         torch.full((1,), 1.0 / loss_scale))
+    if plan.max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(trainable, plan.max_grad_norm, foreach=True)
+    optimizer.step()
+    enter("zero_grad")
+    optimizer.zero_grad(set_to_none=True)
+    return phase_starts
+
+
+def _categorise(model: nn.Module, optimizer: torch.optim.Optimizer, recorder: AllocationRecorder) -> None:
+    weights = {recorder.key_of(t) for t in model.parameters()}
+    buffers = {recorder.key_of(t) for t in model.buffers()} - weights
+    state = {recorder.key_of(t) for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)}
+    for record in recorder.records:
+        if record.key in weights:
+            record.category = "weights"
+        elif record.key in buffers:
+            record.category = "buffers"
+        elif record.key in state:
+            record.category = "optimizer"
+        elif record.key in recorder.grad_keys:
+            record.category = "gradients"
+        elif "forward" in record.saved_in:
+            record.category = "activations"
