@@ -1,0 +1,1 @@
+"""Estimate: memory (and later time) of a traced step on a device."""
