@@ -71,6 +71,7 @@ def estimate(model: str | ModelSpec, plan: Plan | None = None, *, task: str | No
         small, large = (_trace(dataclasses.replace(spec, config=with_blocks(spec.config, n)), plan, device)
                         for n in (small_n, large_n))
         memory = extrapolate_dataclass(small[1], large[1], small_n, large_n, blocks)
+        memory = _at_least_allocated(memory)
         params = _extrapolate_count(small[0].params, large[0].params, small_n, large_n, blocks)
         trainable = _extrapolate_count(small[0].trainable_params, large[0].trainable_params, small_n, large_n, blocks)
         trace, notes, traced = large[0], large[2], (small_n, large_n)
@@ -89,6 +90,14 @@ def _trace(spec: ModelSpec, plan: Plan, device: Device) -> tuple[StepTrace, Memo
     batch_fn = lambda: example_batch(spec, plan.batch_size, plan.seq_len, device="cpu")  # noqa: E731
     trace = trace_training_step(built.model, batch_fn, plan, device.kind, task=spec.task)
     return trace, memory_from_trace(trace, device), tuple(built.notes)
+
+
+def _at_least_allocated(memory: MemoryEstimate) -> MemoryEstimate:
+    """Reserved memory is extrapolated on its own line; it can never be below allocated."""
+    if memory.peak_reserved >= memory.peak_allocated:
+        return memory
+    reserved = memory.peak_allocated
+    return dataclasses.replace(memory, peak_reserved=reserved, device_total=reserved + memory.context)
 
 
 def _extrapolate_count(small: int, large: int, small_n: int, large_n: int, target: int) -> int:

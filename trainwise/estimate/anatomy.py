@@ -28,7 +28,9 @@ def replay(trace: StepTrace, block_size=lambda nbytes: nbytes, extra_allocations
     allocator books (CUDA rounds to 512 B); `extra_allocations` are (category, nbytes)
     blocks alive for the whole step (e.g. cuBLAS workspaces)."""
     records = trace.records
-    live = Counter({category: block_size(n) for category, n in extra_allocations})
+    live = Counter()
+    for category, nbytes in extra_allocations:
+        live[category] += block_size(nbytes)
     live_total = sum(live.values())
     peak, peak_at, peak_live = -1, 0, Counter()
     max_activations = 0

@@ -58,17 +58,19 @@ def memory_from_trace(trace: StepTrace, device: Device) -> MemoryEstimate:
         extra = [("workspace", device.cublas_workspace_bytes)] * CUBLAS_HANDLES_PER_STEP
         anatomy = replay(trace, round_block_size, extra)
         stats = simulate(_allocator_events(trace, extra))
-        peak_reserved = stats.peak_reserved
+        # The allocator books whole blocks: an unsplit remainder of a cached block counts as
+        # allocated too, so its peak is the one max_memory_allocated() reports.
+        peak_allocated, peak_reserved = stats.peak_allocated, stats.peak_reserved
     else:
         # The CPU allocator hands out exactly what is asked and caches nothing.
         workspace, anatomy = 0, replay(trace)
-        peak_reserved = anatomy.peak_allocated
+        peak_allocated = peak_reserved = anatomy.peak_allocated
     context = device.context_bytes
     totals = anatomy.totals
     return MemoryEstimate(
         weights=totals["weights"], buffers=totals["buffers"], gradients=totals["gradients"],
         optimizer=totals["optimizer"], activations=totals["activations"], temporary=totals["temporary"],
-        workspace=workspace, context=context, peak_allocated=anatomy.peak_allocated,
+        workspace=workspace, context=context, peak_allocated=peak_allocated,
         peak_reserved=peak_reserved, device_total=peak_reserved + context,
         peak_phase=anatomy.peak_phase, peak_module=anatomy.peak_module, at_peak=anatomy.at_peak)
 
