@@ -14,6 +14,7 @@ from trainwise.step.precision import PrecisionPolicy
 from trainwise.trace.autocast_policy import autocast_for_target
 from trainwise.trace.fake_model import materialize_fake
 from trainwise.trace.module_scope import ModuleScope
+from trainwise.trace.moe_kernels import traceable_experts
 from trainwise.trace.recorder import AllocationRecorder, StorageRecord
 
 CATEGORIES = ("weights", "buffers", "gradients", "optimizer", "activations", "temporary")
@@ -53,7 +54,7 @@ def trace_training_step(model: nn.Module, batch_fn, plan: Plan, target_device_ty
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     scope = ModuleScope(model)
     recorder = AllocationRecorder(scope)
-    with FakeTensorMode(allow_non_fake_inputs=False), scope, recorder:
+    with traceable_experts(), FakeTensorMode(allow_non_fake_inputs=False), scope, recorder:
         materialize_fake(model, "cpu")
         for tensor in [*model.parameters(), *model.buffers()]:
             recorder.track(tensor, op="weights")
