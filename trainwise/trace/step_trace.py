@@ -11,7 +11,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from trainwise.plan.plan import Plan
 from trainwise.step import build_optimizer, compute_loss, precision_policy
 from trainwise.step.precision import PrecisionPolicy
-from trainwise.trace.autocast_policy import autocast_for_target
+import contextlib
+
+from trainwise.trace.autocast_policy import autocast_for_target, cuda_autocast_kernels
 from trainwise.trace.fake_model import materialize_fake
 from trainwise.trace.module_scope import ModuleScope
 from trainwise.trace.moe_kernels import traceable_experts
@@ -97,15 +99,19 @@ def _run_step(model, optimizer, batch_fn, plan: Plan, policy: PrecisionPolicy, r
         phase_starts.append((phase, len(recorder.events)))
 
     loss_scale = 2.0**16 if policy.loss_scaling else None
-    for _ in range(micro_steps):
-        enter("data")
-        batch = batch_fn()
-        enter("forward")
-        with autocast_for_target(policy, target_device_type):
-            loss = compute_loss(model, batch) / plan.grad_accum
-        enter("backward")
-        (loss * loss_scale if loss_scale else loss).backward()
-        del loss, batch
+    # Checkpointing recomputes the forward inside backward, re-entering autocast there, so
+    # CUDA's cast policy must stay installed through backward too.
+    cuda_policy = target_device_type == "cuda" and policy.autocast_dtype is not None
+    with cuda_autocast_kernels() if cuda_policy else contextlib.nullcontext():
+        for _ in range(micro_steps):
+            enter("data")
+            batch = batch_fn()
+            enter("forward")
+            with autocast_for_target(policy, target_device_type):
+                loss = compute_loss(model, batch) / plan.grad_accum
+            enter("backward")
+            (loss * loss_scale if loss_scale else loss).backward()
+            del loss, batch
     enter("optimizer")
     trainable = [p for p in model.parameters() if p.grad is not None]
     recorder.grad_keys = {recorder.key_of(p.grad) for p in trainable}
