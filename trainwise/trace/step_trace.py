@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -11,8 +12,6 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from trainwise.plan.plan import Plan
 from trainwise.step import build_optimizer, compute_loss, precision_policy
 from trainwise.step.precision import PrecisionPolicy
-import contextlib
-
 from trainwise.trace.autocast_policy import autocast_for_target, cuda_autocast_kernels
 from trainwise.trace.fake_model import materialize_fake
 from trainwise.trace.module_scope import ModuleScope
