@@ -88,10 +88,12 @@ class MeasuredStep:
 def measure_step(spec: ModelSpec, plan: Plan, *, seed: int = 0) -> MeasuredStep:
     """Build `spec` on the CPU, apply `plan`'s recipe and measure one steady-state step.
 
-    The step: optimizer state created first with stand-in (zero) gradients, then
-    min(grad_accum, 2) micro-batches (forward under CPU autocast when the precision is
-    mixed, backward of loss / grad_accum), gradient clipping when max_grad_norm > 0,
-    optimizer.step(), zero_grad(set_to_none=True)."""
+    The step: optimizer state created first with stand-in (zero) gradients, then all
+    `grad_accum` micro-batches (forward under CPU autocast when the precision is mixed,
+    backward of loss / grad_accum), gradient clipping when max_grad_norm > 0,
+    optimizer.step(), zero_grad(set_to_none=True). (The tracer runs at most two
+    micro-batches, claiming later ones repeat the second; running them all here checks
+    that claim.)"""
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
     policy = precision_policy(plan.precision, "cpu")
@@ -133,9 +135,8 @@ def _create_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optim
 
 
 def _run_step(model, optimizer, plan: Plan, policy, spec: ModelSpec, generator, phases) -> dict:
-    micro_steps = min(plan.grad_accum, 2)
-    activations, gradients = [], 0
-    for _ in range(micro_steps):
+    activations = []
+    for _ in range(plan.grad_accum):
         phases.enter("data")
         batch = example_batch(spec, plan.batch_size, plan.seq_len, device="cpu", generator=generator)
         phases.enter("forward")

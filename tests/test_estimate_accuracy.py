@@ -36,6 +36,8 @@ PEAK_TOLERANCE = 0.05
 FAKE_MASK = "tracer materialises the attention mask a real step skips (transformers' is_tracing on FakeTensor)"
 
 # id: (model, knobs, activations xfail, peak xfail) -- xfail texts carry the measured error.
+# The fused-optimizer and MoE cases use eager attention (which materialises the mask in a
+# real step too) so that they guard their own code paths while the mask bug stands.
 CASES = {
     "llama-fp32-adamw": ("tiny-llama", {}, f"{FAKE_MASK}: +10.1 %", f"{FAKE_MASK}: +5.36 %"),
     "llama-grad-ckpt": ("tiny-llama", {"grad_ckpt": True}, None, None),
@@ -125,6 +127,7 @@ def test_reference_accounts_for_the_step_start():
     holds at least that plus one forward's saved activations: the reference reads every
     allocation and free, independently of the tracer."""
     measured, _ = _run("llama-grad-ckpt")
+    assert measured.activations > 0
     assert measured.unexplained_at_start == 0
     assert measured.peak_allocated >= measured.live_at_step_start + measured.activations
     assert measured.peak_allocated >= measured.weights + measured.optimizer + measured.gradients
@@ -132,10 +135,11 @@ def test_reference_accounts_for_the_step_start():
 
 def test_grad_accum_repeats_the_micro_step():
     """With accumulation every micro-step saves the same activations, and the accumulated
-    gradients outlive the first backward, so the peak is no lower than without it."""
+    gradients outlive the first backward, so the peak is no lower than without it. The
+    reference runs all 3 micro-steps; the tracer runs 2 and says the rest repeat."""
     accum, _ = _run("llama-grad-accum-3")
     single, _ = _run("llama-fp32-adamw")
-    assert accum.activations_per_micro_step == [single.activations] * 2
+    assert accum.activations_per_micro_step == [single.activations] * 3
     assert accum.peak_allocated >= single.peak_allocated
 
 

@@ -1,0 +1,88 @@
+"""How long `trainwise.api.estimate` takes, in-process, on this machine's CPU.
+
+Prints one JSON line for the import, one for the warm-up call (a tiny model: it pays for
+the lazy imports of transformers' model code) and one per case, each with the seconds
+taken and the machine's CPU count. Targets on 2 cores: bert-large-uncased batch 4 x 512
+under 5 s, Llama-3.1-70B batch 1 x 4096 bf16 under 30 s.
+
+    python benchmarks/estimate_speed.py [--repeat N] [--device A100-80GB]
+
+Exits 1 when a case misses its target.
+"""
+
+from __future__ import annotations
+
+import time
+
+_IMPORT_STARTED = time.perf_counter()
+import trainwise.api  # noqa: E402  (timed: torch, transformers and trainwise itself)
+
+IMPORT_S = time.perf_counter() - _IMPORT_STARTED
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+
+from trainwise.plan.plan import Plan  # noqa: E402
+
+CASES = (
+    # (name, model, knobs, target seconds on 2 cores)
+    ("bert-large b4 s512", "bert-large-uncased", {"batch_size": 4, "seq_len": 512}, 5.0),
+    ("llama-70b b1 s4096 bf16", "Llama-3.1-70B", {"batch_size": 1, "seq_len": 4096, "precision": "bf16"}, 30.0),
+    ("llama-70b b1 s4096 bf16 ckpt", "Llama-3.1-70B",
+     {"batch_size": 1, "seq_len": 4096, "precision": "bf16", "grad_ckpt": True}, 30.0),
+)
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (the affinity mask), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def timed_estimate(model: str, knobs: dict, device: str) -> tuple[float, object]:
+    plan = Plan.from_dict({**knobs, "device": device})
+    started = time.perf_counter()
+    result = trainwise.api.estimate(model, plan)
+    return time.perf_counter() - started, result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=3, help="timed calls per case (median reported)")
+    parser.add_argument("--device", default="A100-80GB", help="target device of the estimates")
+    args = parser.parse_args(argv)
+    common = {"cpus": cpu_count(), "torch_threads": _torch_threads(), "python": sys.version.split()[0]}
+    print(json.dumps({"case": "import trainwise.api", "seconds": round(IMPORT_S, 3), **common}), flush=True)
+    warm_s, _ = timed_estimate("tiny-llama", {"batch_size": 2, "seq_len": 64}, args.device)
+    print(json.dumps({"case": "warm-up (tiny-llama)", "seconds": round(warm_s, 3), **common}), flush=True)
+    all_met = True
+    for name, model, knobs, target in CASES:
+        runs = []
+        for _ in range(max(args.repeat, 1)):
+            seconds, result = timed_estimate(model, knobs, args.device)
+            runs.append(seconds)
+        median = statistics.median(runs)
+        met = median < target
+        all_met &= met
+        print(json.dumps({
+            "case": name, "model": model, "plan": {**knobs, "device": args.device},
+            "seconds": round(median, 3), "runs": [round(r, 3) for r in runs], "target_s": target,
+            "meets_target": met, "traced_blocks": result.traced_blocks, "total_blocks": result.total_blocks,
+            "peak_allocated_gib": round(result.memory.peak_allocated / 1024**3, 2), **common,
+        }), flush=True)
+    return 0 if all_met else 1
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
