@@ -21,7 +21,7 @@ PARTS = (
 
 
 def render_estimate(result: EstimateResult, console: Console, by_module: bool = False) -> None:
-    memory, plan = result.memory, result.plan
+    memory = result.memory
     console.print(_headline(result))
     table = Table(title="Memory of one training step on one device (bytes, predicted unless marked)",
                   title_justify="left")
