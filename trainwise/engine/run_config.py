@@ -1,0 +1,63 @@
+"""RunConfig: how a training run is driven (data, length, outputs), as opposed to the Plan,
+which says how each step is computed. Declared with the same `knob()` metadata as the
+Plan, so its flags and validation are generated the same way."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from trainwise.plan.errors import InputError
+from trainwise.plan.knobs import KnobSpec, knob, knob_specs
+from trainwise.plan.plan import coerce
+
+ON_NAN = ("stop", "skip")
+EVAL_PRECISIONS = ("same", "fp32", "fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything about a run that is not a per-step knob."""
+
+    data: str = knob("builtin", "training data: builtin (a small text corpus shipped with trainwise, "
+                                "byte tokens), synthetic (random tokens), or a .txt/.jsonl/.parquet file or directory")
+    tokenizer: str | None = knob(None, "local Hugging Face tokenizer directory (for file data; "
+                                       "default: byte tokens)", optional=True, kind=str)
+    text_field: str = knob("text", "field holding the text in .jsonl/.parquet data")
+    steps: int = knob(100, "optimizer steps to run", minimum=1)
+    output: str | None = knob(None, "directory for checkpoints and the final model", optional=True, kind=str)
+    save_every: int = knob(0, "save a checkpoint every N steps (0: only at the end)", minimum=0)
+    resume: bool = knob(False, "continue from the latest good checkpoint in --output")
+    seed: int = knob(0, "random seed (model init, data order, dropout)", minimum=0)
+    metrics: str | None = knob(None, "write per-step metrics as JSON lines to this file", optional=True, kind=str)
+    log_every: int = knob(1, "log metrics every N steps", minimum=1)
+    timing_warmup: int | None = knob(None, "steps excluded from the throughput summary "
+                                           "(default: 1, or 2 with --compile)", optional=True, kind=int, minimum=0)
+    on_nan: str = knob("stop", "when the loss is NaN/inf: stop with a diagnosis, or skip the step", choices=ON_NAN)
+    eval_every: int = knob(0, "evaluate on held-out batches every N steps (0: never)", minimum=0)
+    eval_batches: int = knob(4, "micro-batches per evaluation", minimum=1)
+    eval_precision: str = knob("same", "evaluation precision: same as training, or full fp32/fp16/bf16 weights",
+                               choices=EVAL_PRECISIONS)
+    deterministic: bool = knob(False, "deterministic kernels (exact resume checks; slower)")
+
+    @classmethod
+    def specs(cls) -> tuple[KnobSpec, ...]:
+        return knob_specs(cls)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], source: str = "run") -> "RunConfig":
+        specs = {s.name: s for s in cls.specs()}
+        clean = {}
+        for key, value in values.items():
+            name = key.replace("-", "_")
+            if name not in specs:
+                raise InputError(f"{source}: {key}", f"unknown setting; known: {', '.join(sorted(specs))}")
+            clean[name] = coerce(specs[name], value)
+        return cls(**clean)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes) -> "RunConfig":
+        return RunConfig.from_dict({**self.to_dict(), **changes})
