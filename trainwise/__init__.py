@@ -1,3 +1,30 @@
-"""trainwise: predict, plan, train and measure transformer training configurations."""
+"""trainwise: predict, plan, train and measure transformer training configurations.
+
+    import trainwise
+    trainwise.estimate("Llama-3.1-8B", trainwise.Plan(precision="bf16", grad_ckpt=True))
+    trainwise.train("tiny-llama", plan=trainwise.Plan(device="cpu", seq_len=128),
+                    run=trainwise.RunConfig(steps=20))
+
+The API is imported lazily, so `import trainwise` stays cheap (no torch import).
+"""
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "estimate": ("trainwise.api.estimate", "estimate"),
+    "train": ("trainwise.api.training", "train"),
+    "Plan": ("trainwise.plan.plan", "Plan"),
+    "RunConfig": ("trainwise.engine.run_config", "RunConfig"),
+}
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'trainwise' has no attribute {name!r}")
+    import importlib
+
+    module, attribute = _LAZY[name]
+    return getattr(importlib.import_module(module), attribute)
+
+
+__all__ = list(_LAZY)

@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from trainwise.plan.errors import InputError
+from trainwise.plan.errors import InputError, OutOfMemory
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_OOM = 0, 1, 2, 3
 
@@ -20,13 +20,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from trainwise.cli import estimate_cmd, models_cmd
+    from trainwise.cli import estimate_cmd, models_cmd, train_cmd
 
     parser = _Parser(prog="trainwise", description="Predict, plan, train and measure transformer training.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     estimate_cmd.register(commands)
     models_cmd.register(commands)
+    train_cmd.register(commands)
     return parser
 
 
@@ -44,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"trainwise: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except OutOfMemory as err:
+        print(f"trainwise: error: {err}", file=sys.stderr)
+        return EXIT_OOM
     except KeyboardInterrupt:
         return 130
     except Exception as err:  # noqa: BLE001 - the last line of defence: one line, exit 1

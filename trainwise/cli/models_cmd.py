@@ -17,7 +17,7 @@ def run(args) -> int:
     from rich.table import Table
 
     from trainwise.cli.main import print_json
-    from trainwise.cli.units import human_count
+    from trainwise.plan.units import human_count
     from trainwise.models import catalog_entries
 
     entries = catalog_entries()

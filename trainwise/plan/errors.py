@@ -15,3 +15,8 @@ class NotSupportedYet(InputError):
 
     def __init__(self, field: str, what: str):
         super().__init__(field, f"not supported yet by {what}")
+
+
+class OutOfMemory(RuntimeError):
+    """The device ran out of memory: exit code 3. The message says what was needed and
+    which knob changes would fit (as far as the estimate knows)."""

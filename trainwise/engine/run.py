@@ -1,0 +1,182 @@
+"""The training run: steps, logging, evaluation, checkpoints and the final summary.
+
+One optimizer step is `train_step.training_step`; this file drives it: resume from the
+latest good checkpoint, feed micro-batches from the data position, time each step with a
+device sync, measure memory, write the metrics file, save and export atomically."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from trainwise.engine.checkpoint import TrainingState, latest_checkpoint, restore_checkpoint, save_checkpoint
+from trainwise.engine.evaluate import evaluate
+from trainwise.engine.export import export_final
+from trainwise.engine.faults import MAX_CONSECUTIVE_SCALER_SKIPS, NonFiniteLoss, diagnose_non_finite
+from trainwise.engine.memory_probe import MemoryProbe
+from trainwise.engine.metrics import MetricsLog, StepTimer
+from trainwise.engine.run_config import RunConfig
+from trainwise.engine.runtime import synchronize
+from trainwise.engine.setup import TrainingSetup
+from trainwise.engine.train_step import StepOutcome, training_step
+from trainwise.plan.errors import InputError
+from trainwise.plan.plan import Plan
+
+
+@dataclass(frozen=True)
+class StepLog:
+    """What the progress display gets after each step (throughputs are per-step, measured)."""
+
+    step: int  # steps completed
+    total_steps: int
+    outcome: StepOutcome
+    step_time_s: float
+    samples_per_s: float
+    tokens_per_s: float
+    mfu: float | None
+    peak_allocated: int | None
+    eval_loss: float | None = None
+
+
+@dataclass
+class RunOutcome:
+    steps_done: int
+    started_at_step: int
+    final_loss: float | None
+    summary: dict
+    checkpoint: Path | None = None
+    exports: dict = field(default_factory=dict)
+    eval_loss: float | None = None
+
+
+class _CountingIterator:
+    """Counts micro-batches taken, which is the data position a checkpoint records."""
+
+    def __init__(self, iterator: Iterator, start: int):
+        self._iterator, self.consumed = iterator, start
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = next(self._iterator)
+        self.consumed += 1
+        return item
+
+
+def run_training(setup: TrainingSetup, data, plan: Plan, run: RunConfig, *, flops_per_step: int | None,
+                 peak_flops: float | None, on_step: Callable[[StepLog], None] | None = None) -> RunOutcome:
+    """Train for `run.steps` optimizer steps (continuing a checkpoint under `run.resume`).
+
+    `data` is a TrainData (trainwise.engine.data); `flops_per_step` the counted model FLOPs
+    of one optimizer step (None: no MFU); `peak_flops` the device's peak FLOP/s for the
+    plan's dtype (None on a CPU)."""
+    state = _resume_state(setup, run)
+    started = state.step
+    batches = _CountingIterator(iter(data.micro_batches(start=state.micro_batches_consumed)),
+                                state.micro_batches_consumed)
+    eval_batches = data.eval_batches(run.eval_batches) if run.eval_every else []
+    samples_per_step = plan.batch_size * plan.grad_accum
+    tokens_per_step = data.tokens_per_micro_batch * plan.grad_accum
+    warmup = run.timing_warmup if run.timing_warmup is not None else (2 if plan.compile else 1)
+    probe_step = run.steps - 1  # CPU memory is profiled on the last step (it runs slower)
+    probe = MemoryProbe(setup.device, probe_step=probe_step)
+    timer = StepTimer(samples_per_step=samples_per_step, tokens_per_step=tokens_per_step,
+                      flops_per_step=flops_per_step, peak_flops=peak_flops)
+    log = MetricsLog(run.metrics, resume_from_step=started if run.resume else None)
+    probe.reset()
+    consecutive_skips, outcome, eval_loss, checkpoint = 0, None, None, None
+    run_started = time.perf_counter()
+    for step in range(started, run.steps):
+        probe.step_begin(step, _live_tensors(setup))
+        synchronize(setup.device)
+        began = time.perf_counter()
+        outcome = training_step(setup, batches, plan, skip_non_finite=run.on_nan == "skip")
+        synchronize(setup.device)
+        elapsed = time.perf_counter() - began
+        probe.step_end(step)
+        timed = step >= started + warmup and not (setup.device.type == "cpu" and step == probe_step)
+        timer.record(elapsed, timed=timed)
+        consecutive_skips = _check_finite(outcome, step, plan, run, consecutive_skips)
+        state = TrainingState(step=step + 1, micro_batches_consumed=batches.consumed,
+                              skipped_steps=state.skipped_steps + int(outcome.skipped),
+                              extra={"elapsed_s": state.extra.get("elapsed_s", 0.0) + elapsed,
+                                     "last_loss": outcome.loss})
+        if run.eval_every and (step + 1) % run.eval_every == 0:
+            eval_loss = evaluate(setup.model, eval_batches, setup.device, run.eval_precision,
+                                 setup.policy.autocast_dtype)
+        memory = probe.snapshot()
+        entry = StepLog(step + 1, run.steps, outcome, elapsed, samples_per_step / elapsed, tokens_per_step / elapsed,
+                        timer.mfu_for(elapsed), memory.peak_allocated, eval_loss)
+        if (step + 1) % run.log_every == 0 or step + 1 == run.steps:
+            log.step(_metrics_line(entry))
+        if on_step:
+            on_step(entry)
+        if run.output and run.save_every and (step + 1) % run.save_every == 0 and step + 1 < run.steps:
+            checkpoint = _save(run, state, setup, plan)
+    total_time = time.perf_counter() - run_started
+    exports = {}
+    if run.output and state.step > started:
+        checkpoint = _save(run, state, setup, plan)
+        exports = export_final(run.output, setup.model)
+    elif run.output:
+        checkpoint = latest_checkpoint(run.output)
+    memory = probe.snapshot()
+    final_loss = outcome.loss if outcome else state.extra.get("last_loss")
+    summary = {**timer.summary(total_time), "peak_allocated": memory.peak_allocated,
+               "peak_reserved": memory.peak_reserved, "device_total": memory.device_total,
+               "final_loss": final_loss, "memory_method": memory.method, "steps": state.step - started,
+               "skipped_steps": state.skipped_steps, "eval_loss": eval_loss}
+    log.summary(summary)
+    return RunOutcome(state.step, started, final_loss, summary, checkpoint, exports, eval_loss)
+
+
+def _resume_state(setup: TrainingSetup, run: RunConfig) -> TrainingState:
+    fresh = TrainingState(step=0, micro_batches_consumed=0, skipped_steps=0, extra={})
+    if not run.resume:
+        return fresh
+    if not run.output:
+        raise InputError("--resume", "needs --output DIR (where the checkpoints are)")
+    path = latest_checkpoint(run.output)
+    if path is None:
+        raise InputError("--resume", f"no complete checkpoint in {Path(run.output) / 'checkpoints'}")
+    return restore_checkpoint(path, model=setup.model, optimizer=setup.optimizer,
+                              scheduler=setup.scheduler, scaler=setup.scaler)
+
+
+def _check_finite(outcome: StepOutcome, step: int, plan: Plan, run: RunConfig, consecutive_skips: int) -> int:
+    """Stop on a non-finite loss unless told to skip; count fp16 overflow runs."""
+    finite = math.isfinite(outcome.loss)
+    if not finite and plan.precision != "fp16" and run.on_nan == "stop":
+        raise NonFiniteLoss(step + 1, outcome.loss, diagnose_non_finite(plan))
+    consecutive_skips = consecutive_skips + 1 if outcome.skipped else 0
+    if consecutive_skips >= MAX_CONSECUTIVE_SCALER_SKIPS and run.on_nan == "stop":
+        raise NonFiniteLoss(step + 1, outcome.loss, diagnose_non_finite(plan, persistent_fp16=True))
+    return consecutive_skips
+
+
+def _save(run: RunConfig, state: TrainingState, setup: TrainingSetup, plan: Plan) -> Path:
+    return save_checkpoint(run.output, state, model=setup.model, optimizer=setup.optimizer,
+                           scheduler=setup.scheduler, scaler=setup.scaler, plan=plan, run=run)
+
+
+def _live_tensors(setup: TrainingSetup):
+    """Tensors alive at a step's start: what the CPU memory probe counts as its baseline."""
+    yield from setup.model.parameters()
+    yield from setup.model.buffers()
+    for state in setup.optimizer.state.values():
+        yield from (t for t in state.values() if isinstance(t, torch.Tensor))
+
+
+def _metrics_line(entry: StepLog) -> dict:
+    """One metrics-file line: DESIGN.md's keys first, then extras."""
+    outcome = entry.outcome
+    return {"step": entry.step, "loss": outcome.loss, "lr": outcome.lr, "tokens_per_s": entry.tokens_per_s,
+            "samples_per_s": entry.samples_per_s, "mfu": entry.mfu, "peak_allocated": entry.peak_allocated,
+            "skipped": outcome.skipped, "grad_norm": outcome.grad_norm, "loss_scale": outcome.loss_scale,
+            "step_time_s": entry.step_time_s, "eval_loss": entry.eval_loss}

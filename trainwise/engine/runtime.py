@@ -1,0 +1,70 @@
+"""The real device a run uses, and the process-wide switches a Plan sets (seeds, TF32,
+deterministic kernels)."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import torch
+
+from trainwise.plan.errors import InputError
+from trainwise.step.precision import PrecisionPolicy
+
+
+def runtime_device(requested: str, *, explicit: bool = True) -> torch.device:
+    """The torch device for `--device`: cpu, cuda[:N] or a GPU name (which must be present).
+
+    When the user did not choose (`explicit` False) and no CUDA GPU is present, the CPU is
+    used rather than failing: `trainwise train` with no arguments must work anywhere."""
+    lowered = requested.strip().lower()
+    if lowered == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        if not explicit:
+            return torch.device("cpu")
+        raise InputError("--device", f"{requested} asked for, but this machine has no CUDA GPU; use --device cpu")
+    if lowered.startswith("cuda"):
+        device = torch.device(lowered)
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise InputError("--device", f"{requested} is not present; this machine has "
+                                         f"{torch.cuda.device_count()} GPU(s)")
+        return torch.device("cuda", device.index or 0)
+    return torch.device("cuda", 0)  # a catalog name: train on the GPU that is here
+
+
+def check_precision_supported(policy: PrecisionPolicy, device: torch.device) -> None:
+    """One-line errors for precisions this device cannot run."""
+    if device.type != "cuda":
+        return
+    major, _ = torch.cuda.get_device_capability(device)
+    if policy.name in ("bf16", "bf16-pure") and not torch.cuda.is_bf16_supported():
+        raise InputError("--precision", f"{policy.name} needs an Ampere or newer GPU (compute capability >= 8.0, "
+                                        f"this one is {major}.x); use fp16 or fp32")
+    if policy.tf32 and major < 8:
+        raise InputError("--precision", f"tf32 needs an Ampere or newer GPU (this one is {major}.x); use fp32 or fp16")
+
+
+def apply_numeric_switches(policy: PrecisionPolicy) -> None:
+    """TF32 on or off for matmuls and cuDNN convolutions, as the policy says."""
+    torch.backends.cuda.matmul.allow_tf32 = policy.tf32
+    torch.backends.cudnn.allow_tf32 = policy.tf32
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    """Seed python, numpy and torch (all devices); optionally force deterministic kernels."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if deterministic:
+        # cuBLAS needs a fixed workspace layout to be deterministic.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued device work, so wall-clock times measure the work itself."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
