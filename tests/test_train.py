@@ -100,7 +100,8 @@ def test_nan_loss_can_be_skipped_and_is_counted():
     (["--optim", "adamw-8bit"], "--optim"),
     (["--seq-len", "100000"], "--seq-len"),
     (["--steps", "0"], "--steps"),
-    (["--device", "cuda"], "--device"),
+    pytest.param(["--device", "cuda"], "--device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, field, capsys):
     device = [] if "--device" in argv else ["--device", "cpu"]

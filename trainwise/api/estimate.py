@@ -71,7 +71,7 @@ def estimate(model: str | ModelSpec, plan: Plan | None = None, *, task: str | No
         small, large = (_trace(dataclasses.replace(spec, config=with_blocks(spec.config, n)), plan, device)
                         for n in (small_n, large_n))
         memory = extrapolate_dataclass(small[1], large[1], small_n, large_n, blocks)
-        memory = _at_least_allocated(memory)
+        memory = _at_least_allocated(_peak_from_phases(memory))
         params = _extrapolate_count(small[0].params, large[0].params, small_n, large_n, blocks)
         trainable = _extrapolate_count(small[0].trainable_params, large[0].trainable_params, small_n, large_n, blocks)
         trace, notes, traced = large[0], large[2], (small_n, large_n)
@@ -90,6 +90,15 @@ def _trace(spec: ModelSpec, plan: Plan, device: Device) -> tuple[StepTrace, Memo
     batch_fn = lambda: example_batch(spec, plan.batch_size, plan.seq_len, device="cpu")  # noqa: E731
     trace = trace_training_step(built.model, batch_fn, plan, device.kind, task=spec.task)
     return trace, memory_from_trace(trace, device), tuple(built.notes)
+
+
+def _peak_from_phases(memory: MemoryEstimate) -> MemoryEstimate:
+    """The step's peak is the largest of the extrapolated per-phase peaks: with more blocks
+    the peak may move to another phase than in the small traces."""
+    if not memory.phase_peaks:
+        return memory
+    phase, peak = max(memory.phase_peaks.items(), key=lambda item: item[1])
+    return dataclasses.replace(memory, peak_allocated=peak, peak_phase=phase)
 
 
 def _at_least_allocated(memory: MemoryEstimate) -> MemoryEstimate:

@@ -35,12 +35,13 @@ def run(args) -> int:
     from trainwise.plan import load_plan_file
 
     plan = plan_from_args(args)
+    from_file = load_plan_file(args.plan) if args.plan is not None else {}
     if args.model is None:
-        typed = typed_values(args, plan.specs())
-        plan = plan.replace(**{k: v for k, v in DEMO_KNOBS.items() if k not in typed})
+        chosen = {**from_file, **typed_values(args, plan.specs())}
+        plan = plan.replace(**{k: v for k, v in DEMO_KNOBS.items() if k not in chosen})
     run_config = RunConfig.from_dict(typed_values(args, RunConfig.specs()))
     # With no --device anywhere, train on what is here (the Plan's default names CUDA).
-    explicit = "device" in vars(args) or (args.plan is not None and "device" in load_plan_file(args.plan))
+    explicit = "device" in vars(args) or "device" in from_file
     console = Console()
     progress = StepProgress(console, run_config.steps)
     with progress:

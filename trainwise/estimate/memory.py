@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainwise.estimate.anatomy import replay
-from trainwise.estimate.caching_allocator import round_block_size, simulate
+from trainwise.estimate.caching_allocator import CachingAllocatorModel, round_block_size, simulate
 from trainwise.hardware import Device
 from trainwise.trace.recorder import ALLOC
 from trainwise.trace.step_trace import StepTrace
@@ -43,6 +43,10 @@ class MemoryEstimate:
     peak_phase: str
     peak_module: str
     at_peak: dict[str, int] = field(default_factory=dict)
+    # Peak allocated bytes within each phase of the step (forward, backward, optimizer...).
+    # Each is affine in the number of blocks even when the overall peak moves between
+    # phases as blocks are added, which is what block extrapolation relies on.
+    phase_peaks: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         data = {key: getattr(self, key) for key in MEMORY_KEYS}
@@ -57,14 +61,15 @@ def memory_from_trace(trace: StepTrace, device: Device) -> MemoryEstimate:
         workspace = CUBLAS_HANDLES_PER_STEP * device.cublas_workspace_bytes
         extra = [("workspace", device.cublas_workspace_bytes)] * CUBLAS_HANDLES_PER_STEP
         anatomy = replay(trace, round_block_size, extra)
-        stats = simulate(_allocator_events(trace, extra))
         # The allocator books whole blocks: an unsplit remainder of a cached block counts as
         # allocated too, so its peak is the one max_memory_allocated() reports.
+        phase_peaks, stats = _allocator_phase_peaks(trace, extra)
         peak_allocated, peak_reserved = stats.peak_allocated, stats.peak_reserved
     else:
         # The CPU allocator hands out exactly what is asked and caches nothing.
         workspace, anatomy = 0, replay(trace)
         peak_allocated = peak_reserved = anatomy.peak_allocated
+        phase_peaks = _exact_phase_peaks(trace)
     context = device.context_bytes
     totals = anatomy.totals
     return MemoryEstimate(
@@ -72,7 +77,44 @@ def memory_from_trace(trace: StepTrace, device: Device) -> MemoryEstimate:
         optimizer=totals["optimizer"], activations=totals["activations"], temporary=totals["temporary"],
         workspace=workspace, context=context, peak_allocated=peak_allocated,
         peak_reserved=peak_reserved, device_total=peak_reserved + context,
-        peak_phase=anatomy.peak_phase, peak_module=anatomy.peak_module, at_peak=anatomy.at_peak)
+        peak_phase=anatomy.peak_phase, peak_module=anatomy.peak_module, at_peak=anatomy.at_peak,
+        phase_peaks=phase_peaks)
+
+
+def _phase_slices(trace: StepTrace):
+    """(phase, first event, end event) for each phase inside the measured window."""
+    starts = [(name, start) for name, start in trace.phase_starts if start >= trace.window_start]
+    ends = [start for _, start in starts[1:]] + [len(trace.events)]
+    return [(name, start, end) for (name, start), end in zip(starts, ends)]
+
+
+def _allocator_phase_peaks(trace: StepTrace, extra):
+    """Peak allocated per phase from the caching-allocator model, and its final stats."""
+    events = _allocator_events(trace, extra)
+    offset = len(extra)  # the workspace allocations come first
+    model = CachingAllocatorModel()
+    model.simulate(events[:offset + trace.window_start])
+    peaks: dict[str, int] = {}
+    for name, start, end in _phase_slices(trace):
+        model.peak_allocated = model.allocated  # like torch.cuda.reset_peak_memory_stats()
+        model.simulate(events[offset + start:offset + end])
+        peaks[name] = max(peaks.get(name, 0), model.peak_allocated)
+    stats = simulate(events)
+    return peaks, stats
+
+
+def _exact_phase_peaks(trace: StepTrace) -> dict[str, int]:
+    """Peak live bytes per phase (the CPU allocator adds nothing)."""
+    live = 0
+    peaks: dict[str, int] = {}
+    bounds = {start: name for name, start, _ in _phase_slices(trace)}
+    phase = None
+    for index, (kind, key) in enumerate(trace.events):
+        phase = bounds.get(index, phase)
+        live += trace.records[key].nbytes if kind == ALLOC else -trace.records[key].nbytes
+        if phase is not None and index >= trace.window_start:
+            peaks[phase] = max(peaks.get(phase, 0), live)
+    return peaks
 
 
 def _allocator_events(trace: StepTrace, extra):

@@ -42,12 +42,24 @@ class AllocationRecorder(TorchDispatchMode):
         self._live: dict[int, int] = {}  # id(storage object) -> key
         self._weakrefs: dict[int, weakref.ref] = {}
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._on_save, _identity)
+        self._existence_answers: weakref.WeakSet = weakref.WeakSet()
+
+    def bool_read_answer(self, tensor: torch.Tensor) -> bool:
+        """A fake boolean has no value, but model code branches on some. The batch a trace
+        runs is a plain synthetic one (every token attended, one sequence per row, finite
+        numbers), so "does every element satisfy ...?" (`all`) is answered True and "is
+        there any ...?" (`any`: padding, NaN, overflow) False, as a real step would see."""
+        return tensor not in self._existence_answers
 
     # -------------------------------------------------------------- dispatch
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in _SCALAR_READS:
+            if args[0].dtype == torch.bool:
+                return self.bool_read_answer(args[0])
             return _stand_in_scalar(args[0].dtype)
         out = func(*args, **(kwargs or {}))
+        if func.overloadpacket in _EXISTENCE_QUESTIONS:
+            self._existence_answers.update(t for t in tree_leaves(out) if isinstance(t, torch.Tensor))
         for tensor in tree_leaves(out):
             if isinstance(tensor, torch.Tensor):
                 self.track(tensor, op=func.__name__)
@@ -100,14 +112,13 @@ class AllocationRecorder(TorchDispatchMode):
 
 
 _SCALAR_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
+_EXISTENCE_QUESTIONS = (torch.ops.aten.any,)
 
 
 def _stand_in_scalar(dtype: torch.dtype):
     """A fake tensor has no value, yet optimizers read their step counter and loss scalers
     their overflow flag with .item(). Memory never depends on those values, so a stand-in
-    (step 1, no overflow) lets the step run on."""
-    if dtype == torch.bool:
-        return False
+    (step 1) lets the step run on. Booleans: see AllocationRecorder.bool_read_answer."""
     return 1.0 if dtype.is_floating_point else 1
 
 

@@ -17,6 +17,7 @@ from trainwise.trace.fake_model import materialize_fake
 from trainwise.trace.module_scope import ModuleScope
 from trainwise.trace.moe_kernels import traceable_experts
 from trainwise.trace.recorder import AllocationRecorder, StorageRecord
+from trainwise.trace.untraced_transformers import fake_tensors_are_not_tracing
 
 CATEGORIES = ("weights", "buffers", "gradients", "optimizer", "activations", "temporary")
 
@@ -55,7 +56,8 @@ def trace_training_step(model: nn.Module, batch_fn, plan: Plan, target_device_ty
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     scope = ModuleScope(model)
     recorder = AllocationRecorder(scope)
-    with traceable_experts(), FakeTensorMode(allow_non_fake_inputs=False), scope, recorder:
+    with traceable_experts(), fake_tensors_are_not_tracing(), FakeTensorMode(allow_non_fake_inputs=False), \
+            scope, recorder:
         materialize_fake(model, "cpu")
         for tensor in [*model.parameters(), *model.buffers()]:
             recorder.track(tensor, op="weights")
