@@ -151,3 +151,23 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_losses(tmp_path):
     resumed = _train_cli(interrupted, "--metrics", str(metrics), "--resume")
     assert resumed.wait() == 0, resumed.stderr.read().decode()
     assert _losses(metrics) == _losses(reference / "m.jsonl")
+
+
+def test_compiled_model_trains_like_the_eager_one():
+    plan = Plan(device="cpu", batch_size=2, seq_len=32)
+    run = RunConfig(steps=2, data="synthetic")
+    eager = train("tiny-llama", plan=plan, run=run)
+    compiled = train("tiny-llama", plan=plan.replace(compile=True), run=run)
+    assert compiled.summary["final_loss"] == pytest.approx(eager.summary["final_loss"], rel=1e-3)
+
+
+def test_out_of_memory_exits_3_with_advice(monkeypatch, capsys):
+    from trainwise.engine import run as run_module
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(run_module, "training_step", out_of_memory)
+    code = main(["train", "tiny-llama", "--device", "cpu", "--data", "synthetic", "--steps", "2", "--seq-len", "32"])
+    err = capsys.readouterr().err
+    assert code == 3 and "out of memory" in err and "--grad-ckpt" in err
