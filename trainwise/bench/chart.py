@@ -1,0 +1,59 @@
+"""The bench chart: per row, measured peak memory (bars) with the prediction (markers),
+and throughput; trainwise and the Trainer baseline side by side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainwise.plan.atomic import atomic_write_bytes
+
+MIB = 1024**2
+
+
+def save_chart(rows: list[dict], path: Path, title: str) -> Path:
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(row["name"] for row in rows))
+    engines = [e for e in ("trainwise", "hf-trainer") if any(r["engine"] == e for r in rows)]
+    width = 0.8 / max(1, len(engines))
+    figure, (memory_axis, speed_axis) = plt.subplots(2, 1, figsize=(max(8, 0.9 * len(names) + 3), 8), sharex=True)
+    for offset, engine in enumerate(engines):
+        by_name = {r["name"]: r for r in rows if r["engine"] == engine}
+        xs = [i + (offset - (len(engines) - 1) / 2) * width for i in range(len(names))]
+        measured = [_mib(_memory(by_name.get(n))) for n in names]
+        predicted = [_mib((by_name.get(n) or {}).get("predicted", {}).get("peak_allocated")) for n in names]
+        speed = [(by_name.get(n) or {}).get("samples_per_s") or 0 for n in names]
+        label = "trainwise" if engine == "trainwise" else "HF Trainer (baseline)"
+        memory_axis.bar(xs, measured, width, label=f"{label}: measured peak")
+        if engine == "trainwise":
+            memory_axis.scatter(xs, predicted, marker="D", color="black", zorder=3, label="predicted peak")
+        speed_axis.bar(xs, speed, width, label=label)
+        for x, n in zip(xs, names):
+            status = (by_name.get(n) or {}).get("status")
+            if status and status != "ok":
+                memory_axis.annotate(status, (x, 0), rotation=90, ha="center", va="bottom", fontsize=8)
+    memory_axis.set_ylabel("peak allocated (MiB, measured)")
+    speed_axis.set_ylabel("samples/s (measured)")
+    speed_axis.set_xticks(range(len(names)), names, rotation=30, ha="right")
+    memory_axis.legend(fontsize=8)
+    speed_axis.legend(fontsize=8)
+    memory_axis.set_title(title)
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110)
+    plt.close(figure)
+    atomic_write_bytes(path, buffer.getvalue())
+    return path
+
+
+def _memory(row: dict | None):
+    return (row or {}).get("measured", {}).get("peak_allocated")
+
+
+def _mib(value) -> float:
+    return value / MIB if value else 0.0

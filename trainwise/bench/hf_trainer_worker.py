@@ -1,0 +1,165 @@
+"""The baseline: the same plan run through the Hugging Face `Trainer`, in its own process.
+
+    python -m trainwise.bench.hf_trainer_worker MODEL --plan P.json --data synthetic
+        --steps N --timing-warmup W --metrics M.jsonl --seed S [--task T]
+
+Same model (built from the catalog config with the same seed), same synthetic batches,
+same knobs mapped onto `TrainingArguments`, and memory and time measured the way
+`trainwise train` measures them (device-synchronised step times from a callback, warm-up
+excluded; CUDA allocator peaks and NVML, or the CPU profiler probe over the last step),
+so the rows compare like with like. Writes a metrics file whose last line is the same
+{"summary": ...} as `trainwise train`; exit codes as the `trainwise` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+
+import torch
+
+from trainwise.engine.memory_probe import MemoryProbe
+from trainwise.engine.metrics import MetricsLog, StepTimer
+from trainwise.engine.runtime import runtime_device, synchronize
+from trainwise.models import build_model, example_batch, resolve_model
+from trainwise.plan import InputError, plan_from_sources
+from trainwise.plan.errors import OutOfMemory
+from trainwise.step.lora import apply_lora
+
+HF_OPTIMIZERS = {"adamw": "adamw_torch", "adamw-fused": "adamw_torch_fused", "adafactor": "adafactor",
+                 "adamw-8bit": "adamw_bnb_8bit", "sgd": "sgd"}
+
+
+class _SyntheticSamples(torch.utils.data.Dataset):
+    """Sample i of micro-batch g is row i of trainwise's synthetic micro-batch g."""
+
+    def __init__(self, spec, batch_size: int, seq_len: int, seed: int, micro_batches: int):
+        self.spec, self.batch_size, self.seq_len, self.seed = spec, batch_size, seq_len, seed
+        self.length = batch_size * micro_batches
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, index: int):
+        number, row = divmod(index, self.batch_size)
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + number)
+        batch = example_batch(self.spec, self.batch_size, self.seq_len, generator=generator)
+        return {key: value[row] for key, value in batch.items()}
+
+
+def training_arguments(plan, steps: int, seed: int, device_type: str, output_dir: str):
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
+        output_dir=output_dir, per_device_train_batch_size=plan.batch_size,
+        gradient_accumulation_steps=plan.grad_accum, gradient_checkpointing=plan.grad_ckpt,
+        gradient_checkpointing_kwargs={"use_reentrant": False} if plan.grad_ckpt else None,
+        fp16=plan.precision == "fp16", bf16=plan.precision == "bf16",
+        tf32=True if plan.precision == "tf32" else None, optim=HF_OPTIMIZERS[plan.optim],
+        max_steps=steps, learning_rate=plan.lr, warmup_steps=plan.warmup_steps,
+        lr_scheduler_type=plan.lr_schedule if plan.lr_schedule != "constant" else "constant_with_warmup",
+        weight_decay=plan.weight_decay, max_grad_norm=plan.max_grad_norm,
+        dataloader_num_workers=plan.workers, dataloader_pin_memory=plan.pin_memory,
+        torch_compile=plan.compile, report_to="none", save_strategy="no", logging_steps=1,
+        disable_tqdm=True, use_cpu=device_type == "cpu", seed=seed, data_seed=seed,
+    )
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="hf_trainer_worker")
+    for flag in ("model", "--plan", "--data", "--metrics", "--task"):
+        parser.add_argument(flag, default=None)
+    for flag in ("--steps", "--timing-warmup", "--seed"):
+        parser.add_argument(flag, type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        run(args)
+    except InputError as err:
+        print(f"trainwise: error: {err}", file=sys.stderr)
+        return 2
+    except (torch.OutOfMemoryError, OutOfMemory) as err:
+        print(f"trainwise: error: out of memory: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 3
+    return 0
+
+
+def run(args) -> None:
+    from transformers import Trainer
+
+    plan = plan_from_sources(args.plan)
+    device = runtime_device(plan.device)
+    if plan.device == "cpu" and plan.precision in ("fp16", "tf32"):
+        raise InputError("--precision", f"{plan.precision} needs a CUDA device")
+    spec = resolve_model(args.model, task=args.task)
+    torch.manual_seed(args.seed)
+    model = build_model(spec, "cpu", attention=plan.attention)
+    if plan.lora:
+        model = apply_lora(model, plan, spec.task)
+    if plan.precision == "bf16-pure":
+        model = model.to(torch.bfloat16)
+    data = _SyntheticSamples(spec, plan.batch_size, plan.seq_len, args.seed, args.steps * plan.grad_accum)
+    measure = _Measure(device, plan, args)
+    with tempfile.TemporaryDirectory() as scratch:
+        trainer = Trainer(model=model, args=training_arguments(plan, args.steps, args.seed, device.type, scratch),
+                          train_dataset=data, callbacks=[measure])
+        began = time.perf_counter()
+        trainer.train()
+        measure.finish(time.perf_counter() - began)
+
+
+def _callback_base():
+    from transformers import TrainerCallback
+
+    return TrainerCallback
+
+
+class _Measure(_callback_base()):
+    """Times each optimizer step (device-synchronised) and probes memory like the engine."""
+
+    def __init__(self, device, plan, args):
+        self.device, self.plan, self.args = device, plan, args
+        tokens = plan.batch_size * plan.seq_len * plan.grad_accum
+        self.timer = StepTimer(samples_per_step=plan.batch_size * plan.grad_accum, tokens_per_step=tokens,
+                               flops_per_step=None, peak_flops=None)
+        self.probe = MemoryProbe(device, probe_step=args.steps - 1)
+        self.log = MetricsLog(args.metrics)
+        self.last_loss = None
+        self._began: float | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.probe.reset()
+
+    def on_step_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        live = [*model.parameters(), *model.buffers()]
+        if optimizer is not None:
+            live += [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+        self.probe.step_begin(state.global_step, live)
+        if self._began is None:
+            self._began = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        # End to end, from the previous step's end: data loading and the Trainer's own
+        # bookkeeping count, as they do for `trainwise train`.
+        synchronize(self.device)
+        now = time.perf_counter()
+        elapsed, self._began = now - self._began, now
+        step = state.global_step - 1
+        self.probe.step_end(step)
+        probed = self.device.type == "cpu" and step == self.probe.probe_step
+        self.timer.record(elapsed, timed=step >= self.args.timing_warmup and not probed)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.last_loss = logs["loss"]
+            self.log.step({"step": state.global_step, "loss": logs["loss"], "lr": logs.get("learning_rate")})
+
+    def finish(self, total_s: float) -> None:
+        memory = self.probe.snapshot()
+        self.log.summary({**self.timer.summary(total_s), "peak_allocated": memory.peak_allocated,
+                          "peak_reserved": memory.peak_reserved, "device_total": memory.device_total,
+                          "final_loss": self.last_loss, "memory_method": memory.method})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Ladders: named lists of plans, each a rung that changes a few knobs from a base.
+
+`default` is the classic single-GPU ladder (vanilla, accumulation, checkpointing, fp16,
+optimizers, combinations, compile, LoRA); `quick` is a CPU-sized subset that still shows
+rows this device must skip. Users pass their own as YAML: a list of {name, plan}."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from trainwise.plan.errors import InputError
+from trainwise.plan.plan import Plan
+
+COMBINED = {"batch_size": 1, "grad_accum": 4, "grad_ckpt": True}
+
+DEFAULT = (
+    ("vanilla", {"batch_size": 4}),
+    ("grad accumulation", {"batch_size": 1, "grad_accum": 4}),
+    ("+ grad checkpointing", COMBINED),
+    ("fp16", {"batch_size": 4, "precision": "fp16"}),
+    ("accum + ckpt + fp16", {**COMBINED, "precision": "fp16"}),
+    ("adafactor", {"batch_size": 4, "optim": "adafactor"}),
+    ("adafactor combined", {**COMBINED, "precision": "fp16", "optim": "adafactor"}),
+    ("8-bit adam", {"batch_size": 4, "optim": "adamw-8bit"}),
+    ("8-bit adam combined", {**COMBINED, "precision": "fp16", "optim": "adamw-8bit"}),
+    ("bf16 combined", {**COMBINED, "precision": "bf16"}),
+    ("+ torch.compile", {**COMBINED, "precision": "bf16", "compile": True}),
+    ("lora r16", {"batch_size": 4, "lora_rank": 16}),
+)
+
+QUICK = (
+    ("vanilla", {"batch_size": 4}),
+    ("grad accumulation", {"batch_size": 1, "grad_accum": 4}),
+    ("+ grad checkpointing", COMBINED),
+    ("fp16", {"batch_size": 4, "precision": "fp16"}),
+    ("adafactor", {"batch_size": 4, "optim": "adafactor"}),
+    ("8-bit adam", {"batch_size": 4, "optim": "adamw-8bit"}),
+    ("bf16 combined", {**COMBINED, "precision": "bf16"}),
+    ("lora r8", {"batch_size": 4, "lora_rank": 8}),
+)
+
+LADDERS = {"default": DEFAULT, "quick": QUICK}
+
+
+@dataclass(frozen=True)
+class Rung:
+    name: str
+    plan: Plan
+
+
+def load_ladder(name_or_file: str, base: dict) -> list[Rung]:
+    """The rungs of a named ladder or a YAML file, each knob set on top of `base`."""
+    if name_or_file in LADDERS:
+        entries = [{"name": n, "plan": knobs} for n, knobs in LADDERS[name_or_file]]
+        source = f"ladder {name_or_file}"
+    else:
+        entries, source = _read_file(name_or_file), f"--ladder {name_or_file}"
+    rungs, seen = [], set()
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or \
+                not isinstance(entry.get("plan", {}), dict):
+            raise InputError("--ladder", f"{source} entry {index + 1} must be a mapping with a name and a plan mapping")
+        if entry["name"] in seen:
+            raise InputError("--ladder", f"{source}: the name {entry['name']!r} appears twice")
+        seen.add(entry["name"])
+        plan = Plan.from_dict({**base, **(entry.get("plan") or {})}, source=f"{source} entry {entry['name']!r}")
+        rungs.append(Rung(entry["name"], plan))
+    if not rungs:
+        raise InputError("--ladder", f"{source} has no entries")
+    return rungs
+
+
+def _read_file(path: str) -> list:
+    file = Path(path)
+    if not file.is_file():
+        raise InputError("--ladder", f"{path} is neither a ladder name ({', '.join(LADDERS)}) nor a file")
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as err:
+        raise InputError("--ladder", f"{path} is not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(data, list):
+        raise InputError("--ladder", f"{path} must hold a list of {{name, plan}} entries")
+    return data

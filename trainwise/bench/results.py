@@ -1,0 +1,47 @@
+"""The bench's files in --out: results.json and results.csv, rewritten atomically after
+every row (so an interrupted ladder keeps what finished), and read back for --resume."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+from trainwise.bench.rows import MEMORY_KEYS
+from trainwise.plan.atomic import atomic_write_text
+
+JSON_FILE, CSV_FILE = "results.json", "results.csv"
+CSV_COLUMNS = ["name", "engine", "status", "reason", "time_s", "samples_per_s", "tokens_per_s", "mfu",
+               *[f"measured_{k}" for k in MEMORY_KEYS], *[f"predicted_{k}" for k in MEMORY_KEYS],
+               "error_pct_peak_allocated", "error_pct_device_total", "memory_method", "plan"]
+
+
+def save_results(out: Path, rows: list[dict]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / JSON_FILE, json.dumps(rows, indent=2) + "\n")
+    atomic_write_text(out / CSV_FILE, _csv(rows))
+
+
+def load_results(out: Path) -> list[dict]:
+    """Rows of an earlier run in `out` (empty when there is none or it is unreadable)."""
+    try:
+        rows = json.loads((out / JSON_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return []
+    return rows if isinstance(rows, list) else []
+
+
+def _csv(rows: list[dict]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS)
+    writer.writeheader()
+    for row in rows:
+        flat = {k: row.get(k) for k in CSV_COLUMNS[:8]}
+        flat.update({f"measured_{k}": row["measured"].get(k) for k in MEMORY_KEYS})
+        flat.update({f"predicted_{k}": row["predicted"].get(k) for k in MEMORY_KEYS})
+        flat.update(error_pct_peak_allocated=row["error_pct"].get("peak_allocated"),
+                    error_pct_device_total=row["error_pct"].get("device_total"),
+                    memory_method=row.get("memory_method"), plan=json.dumps(row.get("plan", {})))
+        writer.writerow(flat)
+    return buffer.getvalue()

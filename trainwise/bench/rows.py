@@ -1,0 +1,51 @@
+"""Bench rows: DESIGN.md's row contract, built from a run's metrics summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+MEMORY_KEYS = ("peak_allocated", "peak_reserved", "device_total")
+ENGINES = ("trainwise", "hf-trainer")
+
+
+def empty_row(name: str, plan: dict, engine: str, status: str, reason: str = "") -> dict:
+    return {"name": name, "plan": plan, "engine": engine, "status": status, "reason": reason,
+            "time_s": None, "samples_per_s": None, "tokens_per_s": None, "mfu": None,
+            "measured": {k: None for k in MEMORY_KEYS}, "predicted": {k: None for k in MEMORY_KEYS},
+            "error_pct": {"peak_allocated": None, "device_total": None}, "memory_method": None}
+
+
+def row_from_summary(name: str, plan: dict, engine: str, summary: dict, predicted: dict | None) -> dict:
+    """An "ok" row from a metrics summary (measured) and the estimate (predicted)."""
+    row = empty_row(name, plan, engine, "ok")
+    for key in ("time_s", "samples_per_s", "tokens_per_s", "mfu"):
+        row[key] = summary.get(key)
+    row["measured"] = {k: summary.get(k) for k in MEMORY_KEYS}
+    row["memory_method"] = summary.get("memory_method")
+    if predicted:
+        row["predicted"] = {k: predicted.get(k) for k in MEMORY_KEYS}
+        row["error_pct"] = {k: error_pct(row["predicted"][k], row["measured"][k])
+                            for k in ("peak_allocated", "device_total")}
+    return row
+
+
+def error_pct(predicted, measured) -> float | None:
+    """(predicted - measured) / measured in %, None when either is missing."""
+    if predicted is None or not measured:
+        return None
+    return round(100.0 * (predicted - measured) / measured, 2)
+
+
+def read_summary(metrics: Path) -> dict | None:
+    """The {"summary": ...} line of a metrics file, or None when the run wrote none."""
+    if not metrics.is_file():
+        return None
+    for line in reversed(metrics.read_text().splitlines()):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and "summary" in record:
+            return record["summary"]
+    return None
