@@ -19,8 +19,9 @@ $(STAMP): $(PY) pyproject.toml
 
 setup: $(STAMP)
 
+# The default ladder for this machine: bert-large-uncased on a GPU, the quick CPU ladder otherwise.
 demo: setup
-	$(VENV)/bin/trainwise estimate bert-large-uncased --batch-size 4 --seq-len 512 --device A100-40GB
+	$(VENV)/bin/trainwise bench --out bench-results
 
 test: setup
 	$(PY) -m pytest

@@ -80,7 +80,7 @@ def test_files_are_written_after_each_row_and_resume_skips_finished_rows(tmp_pat
     ladder.write_text("- {name: a, plan: {}}\n- {name: b, plan: {batch_size: 1}}\n")
     benchmark.bench("tiny-llama", str(ladder), steps=2, out=tmp_path, device="cpu")
     assert len(calls) == 4
-    for name in ("results.json", "results.csv", "chart.png"):
+    for name in ("results.json", "results.csv", "chart.png", "results.md"):
         assert (tmp_path / name).stat().st_size > 0
     assert (tmp_path / "results.csv").read_text().count("\n") == 5
     rows = benchmark.bench("tiny-llama", str(ladder), steps=2, out=tmp_path, device="cpu", resume=True)

@@ -3,6 +3,7 @@ trainwise and (the baseline) by the Hugging Face Trainer, measured next to the e
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -13,9 +14,11 @@ from trainwise.api.estimate import estimate
 from trainwise.bench.capability import skip_reason
 from trainwise.bench.chart import save_chart
 from trainwise.bench.ladders import Rung, load_ladder
+from trainwise.bench.markdown import results_markdown
 from trainwise.bench.results import load_results, save_results
 from trainwise.bench.rows import empty_row
 from trainwise.bench.runner import RowJob, run_row
+from trainwise.plan.atomic import atomic_write_text
 from trainwise.plan.errors import InputError
 
 BASELINES = ("hf-trainer", "none")
@@ -68,7 +71,15 @@ def bench(model: str | None = None, ladder: str = "default", *, steps: int = 10,
                 if on_row:
                     on_row(row)
     save_chart(rows, out / "chart.png", f"{model}: {ladder} ladder ({steps} steps per row)")
+    command = f"trainwise bench {model} --ladder {ladder} --steps {steps}" + (f" --device {device}" if device else "")
+    atomic_write_text(out / "results.md", results_markdown(rows, command, _device_name(device_type)))
     return rows
+
+
+def _device_name(device_type: str) -> str:
+    if device_type == "cuda":
+        return torch.cuda.get_device_name(0)
+    return f"CPU ({os.cpu_count()} cores)"
 
 
 def _predicted(model: str, rung: Rung, task: str | None) -> dict | None:

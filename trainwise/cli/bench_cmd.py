@@ -36,6 +36,8 @@ def run(args) -> int:
     from trainwise.cli.render_bench import render_bench, render_row
 
     console = Console(stderr=args.json)
+    if not console.is_terminal:
+        console.width = max(console.width, 132)  # a log file has room for the whole table
     on_gpu = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")) != "cpu"
     ladder = args.ladder or ("default" if on_gpu else "quick")
     knobs = {"seq_len": args.seq_len} if args.seq_len else {}

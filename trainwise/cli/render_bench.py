@@ -40,6 +40,7 @@ def render_bench(rows: list[dict], console: Console, out) -> None:
                       f"{100 * row['mfu']:.1f}%" if row.get("mfu") is not None else "n/a",
                       human_bytes(measured.get("peak_allocated")), human_bytes(predicted.get("peak_allocated")),
                       f"{error:+.1f}%" if error is not None else "", human_bytes(measured.get("device_total")), ratio)
+    _drop_empty_columns(table)
     console.print(table)
     for number, reason in enumerate(reasons, 1):
         console.print(f"[{number}] {reason}", highlight=False, markup=False)
@@ -53,3 +54,10 @@ def render_bench(rows: list[dict], console: Console, out) -> None:
 
 def _num(value, spec: str) -> str:
     return format(value, spec) if value is not None else "n/a"
+
+
+def _drop_empty_columns(table: Table) -> None:
+    """Columns with no figure on this device (device total and MFU on a CPU) only take room."""
+    empty = {"", "-", "n/a"}
+    table.columns[:] = [c for c in table.columns
+                        if c.header in ("row", "engine", "status") or any(str(v) not in empty for v in c._cells)]

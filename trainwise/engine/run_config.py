@@ -8,9 +8,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from trainwise.plan.errors import InputError
 from trainwise.plan.knobs import KnobSpec, knob, knob_specs
-from trainwise.plan.plan import coerce
+from trainwise.plan.plan import validated_values
 
 ON_NAN = ("stop", "skip")
 EVAL_PRECISIONS = ("same", "fp32", "fp16", "bf16")
@@ -47,14 +46,7 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "run") -> "RunConfig":
-        specs = {s.name: s for s in cls.specs()}
-        clean = {}
-        for key, value in values.items():
-            name = key.replace("-", "_")
-            if name not in specs:
-                raise InputError(f"{source}: {key}", f"unknown setting; known: {', '.join(sorted(specs))}")
-            clean[name] = coerce(specs[name], value)
-        return cls(**clean)
+        return cls(**validated_values(cls.specs(), values, source, "setting"))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

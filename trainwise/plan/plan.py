@@ -79,15 +79,7 @@ class Plan:
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "plan") -> "Plan":
         """Build a validated Plan from loosely typed values (a file, CLI strings)."""
-        specs = {s.name: s for s in cls.specs()}
-        clean = {}
-        for key, value in values.items():
-            name = key.replace("-", "_")
-            if name not in specs:
-                known = ", ".join(sorted(specs))
-                raise InputError(f"{source}: {key}", f"unknown knob; known knobs: {known}")
-            clean[name] = coerce(specs[name], value)
-        return cls(**clean)
+        return cls(**validated_values(cls.specs(), values, source, "knob"))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -102,6 +94,19 @@ class Plan:
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+
+
+def validated_values(specs, values: dict[str, Any], source: str, noun: str) -> dict[str, Any]:
+    """`values` keyed by field name (dashes allowed) and converted by `coerce`; an unknown
+    key is an InputError listing the known ones."""
+    by_name = {s.name: s for s in specs}
+    clean = {}
+    for key, value in values.items():
+        name = key.replace("-", "_")
+        if name not in by_name:
+            raise InputError(f"{source}: {key}", f"unknown {noun}; known {noun}s: {', '.join(sorted(by_name))}")
+        clean[name] = coerce(by_name[name], value)
+    return clean
 
 
 def coerce(spec: KnobSpec, value: Any) -> Any:
