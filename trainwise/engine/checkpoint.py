@@ -1,32 +1,41 @@
 """Checkpoints: everything needed to continue a run exactly, written atomically.
 
-Layout of `OUTPUT/checkpoints/step-00000042/`:
-    config.json + model.safetensors   the model, as `save_pretrained` writes it (a directory
-                                      `from_pretrained` loads); a LoRA run's adapter as peft
-                                      writes it; a plain module's `model.safetensors`
-    trainer_state.pt                  optimizer, scheduler and loss-scaler state, and every
-                                      RNG state; loadable with `torch.load(weights_only=True)`
-    trainwise.json                    step, data position, plan, run settings, versions, time
-`OUTPUT/checkpoints/latest` names the newest complete checkpoint. A checkpoint directory
-appears only once complete (built under a temporary name, then renamed), `latest` moves
-after that, and older checkpoints are pruned last: a crash at any point leaves the
-previous good checkpoint usable.
+Layout of `OUTPUT/checkpoints/`:
+    step-00000042/
+        config.json, model*.safetensors   the model as `save_pretrained` writes it (the
+                                          directory loads with `from_pretrained`); for a LoRA
+                                          run the adapter as peft writes it
+                                          (`PeftModel.from_pretrained`); for a plain module
+                                          `model.safetensors`
+        trainer_state.pt                  optimizer, scheduler and loss-scaler state dicts and
+                                          every RNG state; `torch.load(weights_only=True)` reads it
+        trainwise.json                    step, data position, skipped steps, extras, plan and
+                                          run settings, how the weights were saved, versions,
+                                          UTC time; written last
+    latest                                the name of the newest complete checkpoint
+
+Crash safety: a checkpoint is built under a hidden temporary name and renamed into place
+only when complete (trainwise.plan.atomic); `latest` is replaced atomically after that;
+older checkpoints are pruned last. Killed at any point, a run leaves the previous good
+checkpoint in place and named by `latest` (or found by the scan), and the next save clears
+the leftover temporary directory.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
-import random
+import re
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
-from safetensors.torch import load_file, load_model, save_model
 from torch import nn
 
+from trainwise.engine.checkpoint_rng import rng_states, set_rng_states
+from trainwise.engine.checkpoint_weights import prepare_weight_load, save_weights
 from trainwise.plan.atomic import atomic_directory, atomic_write_text
 from trainwise.plan.errors import InputError
 
@@ -34,13 +43,21 @@ CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 STATE_FILE = "trainer_state.pt"
 INFO_FILE = "trainwise.json"
-PLAIN_WEIGHTS = "model.safetensors"
+FORMAT = 1
+_NAME = re.compile(r"step-\d{8,}")
+# Knobs whose change makes a checkpoint's data position or adapters mean something else.
+RESUME_KNOBS = ("batch_size", "seq_len", "optim", "lora_rank", "lora_alpha", "lora_targets")
 
 
 @dataclass
 class TrainingState:
-    """Where a run stands: optimizer steps done, micro-batches consumed (the data
-    position), steps skipped so far, and small JSON-able extras."""
+    """Where a run stands.
+
+    step                    optimizer steps completed
+    micro_batches_consumed  data position: the global micro-batch index to continue from
+    skipped_steps           steps skipped so far (fp16 overflow, non-finite loss)
+    extra                   small JSON-able extras (elapsed training seconds, last loss, ...)
+    """
 
     step: int
     micro_batches_consumed: int
@@ -50,135 +67,133 @@ class TrainingState:
 
 def save_checkpoint(output_dir, state: TrainingState, *, model: nn.Module, optimizer, scheduler=None,
                     scaler=None, plan=None, run=None, keep: int = 2) -> Path:
-    """Write a checkpoint of `state` under `output_dir/checkpoints/`; returns its path."""
+    """Write `output_dir/checkpoints/step-NNNNNNNN/`, point `latest` at it, then delete all but
+    the `keep` newest complete checkpoints (keep <= 0 keeps every one). Returns its path.
+
+    Disk: one model's weights (adapters only for LoRA) plus the optimizer state (for AdamW
+    twice the trainable weights in fp32), while the previous `keep` stay."""
     root = Path(output_dir) / CHECKPOINTS
     path = root / f"step-{state.step:08d}"
     with atomic_directory(path) as tmp:
-        save_weights(model, tmp)
+        weights = save_weights(model, tmp)
         torch.save({"optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict() if scheduler is not None else None,
                     "scaler": scaler.state_dict() if scaler is not None else None,
-                    "rng": _rng_states()}, tmp / STATE_FILE)
-        info = {"state": asdict(state), "plan": plan.to_dict() if plan is not None else None,
-                "run": run.to_dict() if run is not None else None, "versions": _versions(),
-                "saved_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                    "rng": rng_states()}, tmp / STATE_FILE)
+        info = {"format": FORMAT, "state": asdict(state), "weights": weights,
+                "plan": _as_dict(plan), "run": _as_dict(run), "versions": _versions(),
+                "saved_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "saved_ns": time.time_ns()}
         (tmp / INFO_FILE).write_text(json.dumps(info, indent=2))
     atomic_write_text(root / LATEST, path.name + "\n")
-    _prune(root, keep)
+    _prune(root, keep, current=path)
     return path
 
 
 def latest_checkpoint(output_dir) -> Path | None:
-    """The newest complete checkpoint in `output_dir`, or None."""
+    """The newest complete checkpoint under `output_dir`: the one `latest` names, else the
+    most recently saved complete `step-*` directory; None when there is none."""
     root = Path(output_dir) / CHECKPOINTS
     pointer = root / LATEST
     if pointer.is_file():
-        named = root / pointer.read_text().strip()
-        if _complete(named):
-            return named
-    complete = [p for p in _checkpoint_dirs(root) if _complete(p)]
-    return complete[-1] if complete else None
+        name = pointer.read_text(errors="replace").strip()
+        if _NAME.fullmatch(name) and _complete(root / name):
+            return root / name
+    complete = _complete_newest_first(root)
+    return complete[0] if complete else None
 
 
-def restore_checkpoint(path, *, model: nn.Module, optimizer, scheduler=None, scaler=None) -> TrainingState:
-    """Load checkpoint `path` into the existing objects (in place) and return the state."""
+def restore_checkpoint(path, *, model: nn.Module, optimizer, scheduler=None, scaler=None,
+                       plan=None) -> TrainingState:
+    """Load checkpoint `path` into the existing objects, in place, and return its state.
+
+    Weights are copied into the model's own parameters (the optimizer keeps its references;
+    tied weights stay tied); optimizer, scheduler and scaler state and every RNG state are
+    restored. Files are read with safetensors and `torch.load(weights_only=True)` only. With
+    `plan`, knobs that would change what the data position or adapters mean must match.
+    Raises InputError("--resume", ...) for a missing, damaged or mismatched checkpoint."""
     path = Path(path)
     if not _complete(path):
         raise InputError("--resume", f"{path} is not a complete trainwise checkpoint")
     try:
-        load_weights(model, path)
-        saved = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
         info = json.loads((path / INFO_FILE).read_text())
-    except Exception as err:  # noqa: BLE001 - safetensors/torch raise many kinds for damaged files
-        raise InputError("--resume", f"cannot read checkpoint {path}: {str(err).splitlines()[0]}") from None
-    optimizer.load_state_dict(saved["optimizer"])
-    if scheduler is not None and saved["scheduler"] is not None:
-        scheduler.load_state_dict(saved["scheduler"])
-    if scaler is not None and saved["scaler"] is not None:
-        scaler.load_state_dict(saved["scaler"])
-    _set_rng_states(saved["rng"])
-    return TrainingState(**info["state"])
+        if info.get("format") != FORMAT:
+            raise ValueError(f"unknown checkpoint format {info.get('format')!r} (this trainwise reads {FORMAT})")
+        _check_plan(info.get("plan"), plan)
+        saved = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+        copy_weights = prepare_weight_load(model, path, info["weights"])
+        optimizer.load_state_dict(saved["optimizer"])
+        copy_weights()
+        if scheduler is not None and saved["scheduler"] is not None:
+            scheduler.load_state_dict(saved["scheduler"])
+        if scaler is not None and saved["scaler"] is not None:
+            scaler.load_state_dict(saved["scaler"])
+        set_rng_states(saved["rng"])
+        return TrainingState(**info["state"])
+    except InputError:
+        raise
+    except Exception as err:  # noqa: BLE001 - safetensors, torch and json raise many kinds for damaged files
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise InputError("--resume", f"cannot restore checkpoint {path}: {reason}") from err
 
 
-# ---------------------------------------------------------------------------- weights
-def save_weights(model: nn.Module, folder: Path) -> None:
-    """The model in the form its own library loads: `save_pretrained` (transformers, peft)
-    or a plain safetensors file."""
-    if hasattr(model, "save_pretrained"):
-        model.save_pretrained(folder, safe_serialization=True)
-    else:
-        save_model(model, str(folder / PLAIN_WEIGHTS))
-
-
-def load_weights(model: nn.Module, folder: Path) -> None:
-    """Load weights saved by `save_weights` into `model` in place."""
-    if _is_peft(model):
-        from peft import set_peft_model_state_dict
-
-        set_peft_model_state_dict(model, load_file(str(folder / "adapter_model.safetensors")))
+def _check_plan(saved: dict | None, plan) -> None:
+    current = _as_dict(plan)
+    if not saved or not current:
         return
-    if not hasattr(model, "save_pretrained"):
-        load_model(model, str(folder / PLAIN_WEIGHTS))
-        return
-    state = {}
-    for file in sorted(folder.glob("model*.safetensors")):
-        state.update(load_file(str(file)))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    untied = [key for key in missing if not _is_tied(model, key, state)]
-    if untied or unexpected:
-        raise ValueError(f"weights do not match the model: missing {untied[:3]}, unexpected {unexpected[:3]}")
-
-
-def _is_tied(model: nn.Module, key: str, loaded: dict) -> bool:
-    """A key save_pretrained left out because it shares storage with a saved one."""
-    tensors = dict(model.state_dict(keep_vars=True))
-    pointer = tensors[key].data_ptr()
-    return any(tensors[k].data_ptr() == pointer for k in loaded if k in tensors and k != key)
-
-
-def _is_peft(model: nn.Module) -> bool:
-    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
-
-
-# ---------------------------------------------------------------------------- RNG
-def _rng_states() -> dict:
-    """Every RNG the step draws from, as tensors and plain lists (weights_only-safe)."""
-    python_state = random.getstate()
-    name, keys, position, has_gauss, gauss = np.random.get_state()
-    return {"torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "python": [python_state[0], list(python_state[1]), python_state[2]],
-            "numpy": [name, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, gauss]}
-
-
-def _set_rng_states(states: dict) -> None:
-    torch.set_rng_state(states["torch"])
-    if states["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-    version, internal, gauss = states["python"]
-    random.setstate((version, tuple(internal), gauss))
-    name, keys, position, has_gauss, cached = states["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), position, has_gauss, cached))
+    for knob in RESUME_KNOBS:
+        if knob in saved and knob in current and saved[knob] != current[knob]:
+            flag = "--" + knob.replace("_", "-")
+            raise InputError("--resume", f"the checkpoint was saved with {flag} {saved[knob]}, this run has "
+                                         f"{current[knob]}; resume with the same value")
 
 
 # ---------------------------------------------------------------------------- housekeeping
 def _complete(path: Path) -> bool:
-    return path.is_dir() and (path / STATE_FILE).is_file() and (path / INFO_FILE).is_file()
+    """Renamed into place (so fully written) and holding every file; trainwise.json last."""
+    return path.is_dir() and _NAME.fullmatch(path.name) is not None and \
+        (path / STATE_FILE).is_file() and (path / INFO_FILE).is_file()
 
 
-def _checkpoint_dirs(root: Path) -> list[Path]:
+def _complete_newest_first(root: Path) -> list[Path]:
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-"))
+    return sorted((p for p in root.iterdir() if _complete(p)), key=_saved_order, reverse=True)
 
 
-def _prune(root: Path, keep: int) -> None:
-    complete = [p for p in _checkpoint_dirs(root) if _complete(p)]
-    for old in complete[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+def _saved_order(path: Path) -> tuple[int, str]:
+    """When a checkpoint was saved (from its trainwise.json, so copies of the directory keep
+    the order), then its step. By save time, a fresh run in a reused output directory
+    supersedes an earlier run's checkpoints even where those reached higher steps."""
+    try:
+        saved_ns = int(json.loads((path / INFO_FILE).read_text()).get("saved_ns", 0))
+    except (OSError, ValueError, AttributeError):
+        saved_ns = 0
+    return saved_ns, path.name
+
+
+def _prune(root: Path, keep: int, current: Path) -> None:
+    """Delete complete checkpoints beyond the newest `keep` (never `current`), and directories
+    left by saves that were killed: only one process writes an output directory."""
+    if keep > 0:
+        for old in _complete_newest_first(root)[keep:]:
+            if old != current:
+                shutil.rmtree(old, ignore_errors=True)
+    for leftover in root.glob(".step-*"):
+        if leftover.is_dir() and leftover.name.endswith((".tmp", ".old")):
+            shutil.rmtree(leftover, ignore_errors=True)
+    for leftover in root.glob(f".{LATEST}.*.tmp"):
+        leftover.unlink(missing_ok=True)
+
+
+def _as_dict(value) -> dict | None:
+    if value is None or isinstance(value, dict):
+        return value
+    return value.to_dict()
 
 
 def _versions() -> dict:
-    import transformers
-
-    return {"torch": torch.__version__, "transformers": transformers.__version__}
+    try:
+        transformers_version = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        transformers_version = None
+    return {"torch": torch.__version__, "transformers": transformers_version}

@@ -1,8 +1,14 @@
-"""Throughput bookkeeping and the JSON-lines metrics file (DESIGN.md's contract).
+"""The JSON-lines metrics file (`--metrics FILE`), in DESIGN.md's format.
 
-The file is appended one whole line per write and flushed, so a run killed at any
-moment leaves only whole lines; a resumed run first drops what came after its
-checkpoint. Non-finite numbers are written as null (the file stays strict JSON)."""
+One line per logged step, DESIGN.md's keys first ({"step", "loss", "lr", "tokens_per_s",
+"samples_per_s", "mfu", "peak_allocated", "skipped"}; one the writer did not give is
+null), then any extras; a last line {"summary": {...}} likewise. Units: seconds, bytes,
+per-second rates, MFU as a fraction.
+
+Each line is appended with one write and flushed, so a run killed at any moment leaves
+only whole lines, at most followed by one torn line; a resumed run first rewrites the
+file (atomically) without the torn line and without what came after its checkpoint.
+Non-finite numbers are written as null, so the file stays strict JSON."""
 
 from __future__ import annotations
 
@@ -10,47 +16,23 @@ import json
 import math
 from pathlib import Path
 
-from trainwise.engine.flops import mfu
+from trainwise.engine.throughput import StepTimer
 from trainwise.plan.atomic import atomic_write_text
 
+__all__ = ["MetricsLog", "STEP_KEYS", "SUMMARY_KEYS", "StepTimer"]
 
-class StepTimer:
-    """Step durations (seconds) and the rates they imply. Warm-up steps (compilation,
-    allocator growth) and the CPU memory-probe step are recorded but not timed."""
-
-    def __init__(self, *, samples_per_step: int, tokens_per_step: int, flops_per_step: int | None,
-                 peak_flops: float | None):
-        self.samples_per_step, self.tokens_per_step = samples_per_step, tokens_per_step
-        self.flops_per_step, self.peak_flops = flops_per_step, peak_flops
-        self.timed: list[float] = []
-        self.untimed: list[float] = []
-
-    def record(self, seconds: float, timed: bool) -> None:
-        (self.timed if timed else self.untimed).append(seconds)
-
-    def mfu_for(self, seconds: float) -> float | None:
-        if self.flops_per_step is None or seconds <= 0:
-            return None
-        return mfu(self.flops_per_step / seconds, self.peak_flops)
-
-    def summary(self, total_time_s: float) -> dict:
-        """Rates over the timed steps (all steps when none was timed, flagged)."""
-        durations = self.timed or self.untimed
-        busy = sum(durations)
-        steps = len(durations)
-        per_step = busy / steps if steps else None
-        return {"time_s": total_time_s,
-                "samples_per_s": self.samples_per_step / per_step if per_step else None,
-                "tokens_per_s": self.tokens_per_step / per_step if per_step else None,
-                "mfu": self.mfu_for(per_step) if per_step else None,
-                "timed_steps": len(self.timed),
-                "rates_include_warmup": not self.timed}
+STEP_KEYS = ("step", "loss", "lr", "tokens_per_s", "samples_per_s", "mfu", "peak_allocated", "skipped")
+SUMMARY_KEYS = ("time_s", "samples_per_s", "tokens_per_s", "mfu", "peak_allocated", "peak_reserved",
+                "device_total", "final_loss")
 
 
 class MetricsLog:
-    """Writes metric lines to `path` (nothing when None)."""
+    """Writes metric lines to `path` (nothing at all when `path` is None).
 
-    def __init__(self, path: str | None, resume_from_step: int | None = None):
+    A fresh run (`resume_from_step` None) starts the file empty; a run resumed from the
+    checkpoint after step k keeps the whole step lines with step <= k."""
+
+    def __init__(self, path: str | Path | None, resume_from_step: int | None = None):
         self.path = Path(path) if path else None
         if self.path is None:
             return
@@ -58,17 +40,25 @@ class MetricsLog:
         atomic_write_text(self.path, "".join(line + "\n" for line in kept))
 
     def step(self, line: dict) -> None:
-        self._append(line)
+        """Append one step line (`line` needs at least "step")."""
+        self._append(_in_order(line, STEP_KEYS))
 
     def summary(self, summary: dict) -> None:
-        self._append({"summary": summary})
+        """Append the run's summary line (the last line of the file)."""
+        self._append({"summary": _in_order(summary, SUMMARY_KEYS)})
 
     def _append(self, record: dict) -> None:
         if self.path is None:
             return
+        text = json.dumps(_finite(record), allow_nan=False) + "\n"
         with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(_finite(record), allow_nan=False) + "\n")
+            handle.write(text)
             handle.flush()
+
+
+def _in_order(record: dict, keys: tuple[str, ...]) -> dict:
+    """DESIGN.md's keys first, in its order (null where missing), then the extras."""
+    return {**{key: record.get(key) for key in keys}, **{k: v for k, v in record.items() if k not in keys}}
 
 
 def _lines_up_to(path: Path, last_step: int) -> list[str]:

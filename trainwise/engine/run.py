@@ -76,7 +76,7 @@ def run_training(setup: TrainingSetup, data, plan: Plan, run: RunConfig, *, flop
     `data` is a TrainData (trainwise.engine.data); `flops_per_step` the counted model FLOPs
     of one optimizer step (None: no MFU); `peak_flops` the device's peak FLOP/s for the
     plan's dtype (None on a CPU)."""
-    state = _resume_state(setup, run)
+    state = _resume_state(setup, run, plan)
     started = state.step
     batches = _CountingIterator(iter(data.micro_batches(start=state.micro_batches_consumed)),
                                 state.micro_batches_consumed)
@@ -137,7 +137,7 @@ def run_training(setup: TrainingSetup, data, plan: Plan, run: RunConfig, *, flop
     return RunOutcome(state.step, started, final_loss, summary, checkpoint, exports, eval_loss)
 
 
-def _resume_state(setup: TrainingSetup, run: RunConfig) -> TrainingState:
+def _resume_state(setup: TrainingSetup, run: RunConfig, plan: Plan) -> TrainingState:
     fresh = TrainingState(step=0, micro_batches_consumed=0, skipped_steps=0, extra={})
     if not run.resume:
         return fresh
@@ -147,7 +147,7 @@ def _resume_state(setup: TrainingSetup, run: RunConfig) -> TrainingState:
     if path is None:
         raise InputError("--resume", f"no complete checkpoint in {Path(run.output) / 'checkpoints'}")
     return restore_checkpoint(path, model=setup.model, optimizer=setup.optimizer,
-                              scheduler=setup.scheduler, scaler=setup.scaler)
+                              scheduler=setup.scheduler, scaler=setup.scaler, plan=plan)
 
 
 def _check_finite(outcome: StepOutcome, step: int, plan: Plan, run: RunConfig, consecutive_skips: int) -> int:

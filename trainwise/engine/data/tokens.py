@@ -1,16 +1,23 @@
-"""Turning documents into one token stream: UTF-8 bytes, or a local Hugging Face tokenizer."""
+"""Turning documents into one token stream: UTF-8 bytes, or a local Hugging Face tokenizer.
+
+Either way each document is followed by the tokenizer's end-of-document id, so packed
+rows can cross document boundaries and the model still sees where one text ends."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
-from typing import Iterable
+from typing import Sequence
 
+import numpy as np
 import torch
 
 from trainwise.plan.errors import InputError
 
 BYTE_EOS = 256  # ends each document in the byte vocabulary (bytes are 0..255)
 BYTE_VOCAB = 257
+_NEVER_IN_UTF8 = b"\xff"  # a byte no UTF-8 text contains: a safe stand-in for BYTE_EOS
+ENCODE_CHUNK = 1000  # documents per call into a fast tokenizer (it batches in Rust)
 
 
 class ByteTokenizer:
@@ -20,38 +27,53 @@ class ByteTokenizer:
     eos_id = BYTE_EOS
     vocab_needed = BYTE_VOCAB
 
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+    def stream(self, documents: Sequence[str]) -> torch.Tensor:
+        """All documents' bytes in order, each followed by BYTE_EOS (int64)."""
+        if not documents:
+            return torch.zeros(0, dtype=torch.long)
+        joined = bytearray(_NEVER_IN_UTF8.join(d.encode("utf-8") for d in documents) + _NEVER_IN_UTF8)
+        ids = torch.frombuffer(joined, dtype=torch.uint8).long()
+        return ids.masked_fill_(ids == _NEVER_IN_UTF8[0], BYTE_EOS)
 
 
 class LocalTokenizer:
-    """A tokenizer from a local directory (never downloaded; its remote code never runs)."""
+    """A tokenizer from a local directory: never downloaded, and its own code never runs."""
 
     def __init__(self, directory: str):
-        from transformers import AutoTokenizer
-
         path = Path(directory).expanduser()
         if not path.is_dir():
-            raise InputError("--tokenizer", f"no tokenizer directory at {directory}")
+            raise InputError("--tokenizer", f"no tokenizer directory at {directory}; pass a local directory "
+                                            "holding tokenizer.json (or omit --tokenizer for byte tokens)")
+        from transformers import AutoTokenizer
+
         try:
-            self._tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
-        except (OSError, ValueError, KeyError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise InputError("--tokenizer", f"cannot load a tokenizer from {directory}: {first}") from None
+            self._tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False,
+                                                            local_files_only=True)
+        except Exception as err:  # noqa: BLE001 - transformers and tokenizers raise many kinds
+            raise InputError("--tokenizer", f"cannot load a tokenizer from {directory} ({_first_line(err)}); pass "
+                                            "a directory saved by save_pretrained or holding tokenizer.json") from None
         self.name = f"tokenizer {path.name}"
-        eos = self._tokenizer.eos_token_id
-        self.eos_id = eos if eos is not None else self._tokenizer.sep_token_id
-        self.vocab_needed = len(self._tokenizer)
+        tokenizer = self._tokenizer
+        self.eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+        self.vocab_needed = len(tokenizer)
 
-    def encode(self, text: str) -> list[int]:
-        return self._tokenizer(text, add_special_tokens=False)["input_ids"]
+    def stream(self, documents: Sequence[str]) -> torch.Tensor:
+        """All documents' token ids in order, each followed by the end-of-document id
+        (eos, else sep; nothing when the tokenizer has neither)."""
+        separator = [] if self.eos_id is None else [self.eos_id]
+        pieces: list[list[int]] = []
+        for start in range(0, len(documents), ENCODE_CHUNK):
+            chunk = list(documents[start:start + ENCODE_CHUNK])
+            # verbose=False: documents longer than the tokenizer's model_max_length are
+            # expected here (they are packed into rows later), so no warning about it.
+            encoded = self._tokenizer(chunk, add_special_tokens=False, return_attention_mask=False, verbose=False)
+            for ids in encoded["input_ids"]:
+                pieces.extend((ids, separator))
+        total = sum(len(piece) for piece in pieces)
+        ids = np.fromiter(itertools.chain.from_iterable(pieces), dtype=np.int64, count=total)
+        return torch.from_numpy(ids)
 
 
-def token_stream(documents: Iterable[str], tokenizer) -> torch.Tensor:
-    """All documents' tokens in order, each followed by the end-of-document id (int64)."""
-    ids: list[int] = []
-    for text in documents:
-        ids.extend(tokenizer.encode(text))
-        if tokenizer.eos_id is not None:
-            ids.append(tokenizer.eos_id)
-    return torch.tensor(ids, dtype=torch.long)
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

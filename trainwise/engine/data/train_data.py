@@ -1,66 +1,79 @@
-"""TrainData: micro-batches for the loop, through a DataLoader, from any position.
+"""TrainData: one rank's micro-batches for the training loop, from any position.
 
-Each DataLoader item is a whole micro-batch (its number decides its samples, see
-order.py), so workers, pinning and prefetching apply while the order stays exact."""
+Each DataLoader item is a whole micro-batch whose content depends only on its number
+(see order.py), so worker processes, pinned memory and prefetching change how fast
+batches arrive but never which batches arrive, and resuming at number k needs no replay."""
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from trainwise.engine.data.order import MicroBatchNumbers, MicroBatchOrder
+from trainwise.engine.data.order import TRAIN_STREAM, CountFrom, MicroBatchOrder, mixed_seed
+from trainwise.engine.data.packing import Rows, causal_lm_batch
 from trainwise.models import ModelSpec, example_batch
-from trainwise.plan.plan import Plan
+
+PREFETCH_PER_WORKER = 2  # micro-batches each worker keeps ready
 
 
-class _PackedMicroBatches(Dataset):
-    """Micro-batch number -> a causal-LM batch of packed sequences."""
+class PackedMicroBatches(Dataset):
+    """Micro-batch number -> a causal-LM batch of packed training rows."""
 
-    def __init__(self, sequences: torch.Tensor, order: MicroBatchOrder, with_mask: bool):
-        self.sequences, self.order, self.with_mask = sequences, order, with_mask
-
-    def __getitem__(self, number: int) -> dict[str, torch.Tensor]:
-        return packed_batch(self.sequences[self.order.sample_indices(number)], self.with_mask)
-
-
-class _SyntheticMicroBatches(Dataset):
-    """Micro-batch number -> random tokens drawn from a generator seeded by (seed, number)."""
-
-    def __init__(self, spec: ModelSpec, plan: Plan, seed: int):
-        self.spec, self.plan, self.seed = spec, plan, seed
+    def __init__(self, rows: Rows, order: MicroBatchOrder, with_mask: bool):
+        self.rows, self.order, self.with_mask = rows, order, with_mask
 
     def __getitem__(self, number: int) -> dict[str, torch.Tensor]:
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + number)
-        return example_batch(self.spec, self.plan.batch_size, self.plan.seq_len, generator=generator)
+        chosen = self.order.rows(number)
+        return causal_lm_batch(self.rows.ids[chosen], self.rows.lengths[chosen], self.with_mask)
 
 
-def packed_batch(sequences: torch.Tensor, with_mask: bool) -> dict[str, torch.Tensor]:
-    """A causal-LM batch: the model shifts the labels itself."""
-    batch = {"input_ids": sequences.clone()}
-    if with_mask:
-        batch["attention_mask"] = torch.ones_like(sequences)
-    batch["labels"] = sequences.clone()
-    return batch
+class SyntheticMicroBatches(Dataset):
+    """Micro-batch number -> random tokens from a generator seeded by (seed, number), for
+    any task. Rank r of w draws the numbers r, r + w, r + 2w, ... of one shared sequence."""
+
+    def __init__(self, spec: ModelSpec, batch_size: int, seq_len: int, seed: int, rank: int, world_size: int):
+        self.spec, self.batch_size, self.seq_len, self.seed = spec, batch_size, seq_len, seed
+        self.rank, self.world_size = rank, world_size
+
+    def __getitem__(self, number: int) -> dict[str, torch.Tensor]:
+        return self.batch(mixed_seed(self.seed, TRAIN_STREAM, number * self.world_size + self.rank))
+
+    def batch(self, generator_seed: int) -> dict[str, torch.Tensor]:
+        generator = torch.Generator().manual_seed(generator_seed)
+        return example_batch(self.spec, self.batch_size, self.seq_len, generator=generator)
 
 
 class TrainData:
-    """Micro-batches of `plan.batch_size` x `plan.seq_len` for one rank; see build_data."""
+    """Micro-batches of one rank, as build_data makes them.
 
-    def __init__(self, dataset: Dataset, eval_source, plan: Plan, description: str, rank: int, world_size: int):
-        self._dataset, self._eval_source, self._plan = dataset, eval_source, plan
-        self.description, self.rank, self.world_size = description, rank, world_size
-        self.tokens_per_micro_batch = plan.batch_size * plan.seq_len
+    description              one line for the user: source, tokens, corpus size
+    tokens_per_micro_batch   real (unpadded) tokens in one training micro-batch
+    micro_batches_per_epoch  micro-batches per rank before the data repeats in a new
+                             order; None for synthetic data, which never repeats
+    """
+
+    def __init__(self, dataset: Dataset, eval_source: Callable[[int], list], *, description: str,
+                 tokens_per_micro_batch: int, micro_batches_per_epoch: int | None, workers: int, pin_memory: bool):
+        self._dataset, self._eval_source = dataset, eval_source
+        self.description = description
+        self.tokens_per_micro_batch = tokens_per_micro_batch
+        self.micro_batches_per_epoch = micro_batches_per_epoch
+        self._workers, self._pin_memory = workers, pin_memory
 
     def micro_batches(self, start: int = 0) -> Iterator[dict[str, torch.Tensor]]:
-        """Forever, this rank's micro-batch number `start` first (exact resume)."""
-        workers = self._plan.workers
-        loader = DataLoader(self._dataset, batch_size=None,
-                            sampler=MicroBatchNumbers(start, self.rank, self.world_size),
-                            num_workers=workers, pin_memory=self._plan.pin_memory and torch.cuda.is_available(),
-                            prefetch_factor=2 if workers else None, persistent_workers=workers > 0)
+        """This rank's micro-batches forever, number `start` first: what an uninterrupted
+        iterator yields from its `start`-th item on. CPU tensors (pinned with pin_memory)."""
+        if start < 0:
+            raise ValueError(f"micro-batch numbers start at 0, got {start}")
+        loader = DataLoader(self._dataset, batch_size=None, sampler=CountFrom(start), num_workers=self._workers,
+                            pin_memory=self._pin_memory and torch.cuda.is_available(),
+                            prefetch_factor=PREFETCH_PER_WORKER if self._workers else None,
+                            persistent_workers=self._workers > 0)
         return iter(loader)
 
     def eval_batches(self, n: int) -> list[dict[str, torch.Tensor]]:
+        """Up to `n` fixed held-out micro-batches, the same on every rank and every call;
+        fewer when the held-out text is shorter. File and builtin data never train on them."""
         return self._eval_source(n)

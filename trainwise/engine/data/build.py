@@ -1,0 +1,96 @@
+"""build_data: from `--data` (and `--tokenizer`) to the micro-batches one rank trains on,
+after checking that the data, the tokenizer and the model fit together."""
+
+from __future__ import annotations
+
+import torch
+
+from trainwise.engine.data.builtin_corpus import SOURCE_NAME, builtin_documents
+from trainwise.engine.data.order import EVAL_STREAM, MicroBatchOrder, mixed_seed
+from trainwise.engine.data.packing import MIN_ROW_TOKENS, PackedCorpus, held_out_batches, pack
+from trainwise.engine.data.text_files import read_documents
+from trainwise.engine.data.tokens import ByteTokenizer, LocalTokenizer
+from trainwise.engine.data.train_data import PackedMicroBatches, SyntheticMicroBatches, TrainData
+from trainwise.engine.run_config import RunConfig
+from trainwise.models import ModelSpec, check_seq_len, example_batch
+from trainwise.plan.errors import InputError
+from trainwise.plan.plan import Plan
+
+TEXT_TASK = "causal-lm"
+
+
+def build_data(run: RunConfig, spec: ModelSpec, plan: Plan, *, rank: int = 0, world_size: int = 1) -> TrainData:
+    """The training data `run.data` names, for `spec`'s task, in micro-batches of
+    `plan.batch_size` x `plan.seq_len` tokens; rank `rank` of `world_size` gets a
+    disjoint share. Raises InputError naming the flag when something does not fit."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside world size {world_size}")
+    check_seq_len(spec, plan.seq_len)
+    if run.data == "synthetic":
+        return _synthetic(run, spec, plan, rank, world_size)
+    return _text(run, spec, plan, rank, world_size)
+
+
+def _synthetic(run: RunConfig, spec: ModelSpec, plan: Plan, rank: int, world_size: int) -> TrainData:
+    dataset = SyntheticMicroBatches(spec, plan.batch_size, plan.seq_len, run.seed, rank, world_size)
+
+    def evaluation(n: int) -> list:
+        return [dataset.batch(mixed_seed(run.seed, EVAL_STREAM, i)) for i in range(n)]
+
+    vocab = f", ids below {spec.vocab_size:,}" if spec.vocab_size else ""
+    return TrainData(dataset, evaluation, description=f"synthetic random tokens for {spec.task}{vocab}: "
+                                                      f"{plan.batch_size} x {plan.seq_len} tokens per micro-batch",
+                     tokens_per_micro_batch=plan.batch_size * plan.seq_len, micro_batches_per_epoch=None,
+                     workers=plan.workers, pin_memory=plan.pin_memory)
+
+
+def _text(run: RunConfig, spec: ModelSpec, plan: Plan, rank: int, world_size: int) -> TrainData:
+    if spec.task != TEXT_TASK:
+        raise InputError("--data", f"text data trains causal-lm models, and {spec.name} is set up for {spec.task}; "
+                                   "use --data synthetic for seq-cls/seq2seq/masked-lm, or pass --task causal-lm")
+    tokenizer = LocalTokenizer(run.tokenizer) if run.tokenizer else ByteTokenizer()
+    vocab_field = "--tokenizer" if run.tokenizer else "--data"
+    _check_vocab(tokenizer.vocab_needed, f"{tokenizer.name} use", spec, vocab_field)
+    if run.data == "builtin":
+        documents, origin = builtin_documents(), f"builtin corpus ({SOURCE_NAME})"
+    else:
+        documents, origin = read_documents(run.data, run.text_field), run.data
+    stream = tokenizer.stream(documents)
+    if len(stream):
+        _check_vocab(int(stream.max()) + 1, f"{origin} tokenised gives", spec, vocab_field)
+    train_rows_needed = plan.batch_size * world_size
+    # More --eval-batches can move rows from training to evaluation (up to 10% of them).
+    packed = pack(stream, plan.seq_len, pad_id=tokenizer.eos_id or 0, train_rows_needed=train_rows_needed,
+                  held_out_rows_wanted=run.eval_batches * plan.batch_size)
+    _check_enough(packed, stream, origin, plan, train_rows_needed)
+    with_mask = "attention_mask" in example_batch(spec, 1, 1)
+    order = MicroBatchOrder(len(packed.train), plan.batch_size, run.seed, rank, world_size)
+    text_bytes = sum(len(d.encode("utf-8")) for d in documents)
+    return TrainData(PackedMicroBatches(packed.train, order, with_mask),
+                     lambda n: held_out_batches(packed.held_out, plan.batch_size, n, with_mask),
+                     description=_describe(origin, tokenizer.name, text_bytes, len(stream), packed, plan.seq_len),
+                     tokens_per_micro_batch=plan.batch_size * int(packed.train.lengths.max()),
+                     micro_batches_per_epoch=order.per_epoch, workers=plan.workers, pin_memory=plan.pin_memory)
+
+
+def _check_vocab(ids_needed: int, what: str, spec: ModelSpec, field: str) -> None:
+    if spec.vocab_size is not None and ids_needed > spec.vocab_size:
+        raise InputError(field, f"{what} token ids up to {ids_needed - 1:,}, but {spec.name} takes ids below "
+                                f"{spec.vocab_size:,}; pass --tokenizer DIR with the model's own tokenizer, "
+                                "or use --data synthetic")
+
+
+def _check_enough(packed: PackedCorpus, stream: torch.Tensor, origin: str, plan: Plan, rows_needed: int) -> None:
+    rows = len(packed.train)
+    if rows >= rows_needed and int(packed.train.lengths.max()) >= MIN_ROW_TOKENS:
+        return
+    raise InputError("--data", f"{origin} gives {len(stream):,} tokens, {rows} training sequence(s) of up to "
+                               f"{plan.seq_len}: too few for {rows_needed} micro-batch row(s) "
+                               f"({plan.batch_size} per rank); lower --seq-len or --batch-size, or add text")
+
+
+def _describe(origin: str, tokenizer_name: str, text_bytes: int, tokens: int, packed: PackedCorpus,
+              seq_len: int) -> str:
+    return (f"{origin}, {tokenizer_name}: {text_bytes / 1e6:.2f} MB of text, {tokens:,} tokens; "
+            f"{len(packed.train):,} training and {len(packed.held_out):,} held-out sequences of "
+            f"{seq_len} tokens")

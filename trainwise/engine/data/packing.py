@@ -1,0 +1,99 @@
+"""Packing a token stream into fixed-length rows, holding some out, and batching rows.
+
+Documents arrive already joined by the end-of-document id, so cutting the stream every
+`seq_len` tokens gives full rows with no padding. The last `held_out` full rows and the
+stream's partial tail are kept for evaluation and never trained on. Padding happens
+only where it cannot be avoided (a corpus shorter than one row, the evaluation tail):
+padded positions get attention_mask 0 and label -100, and a batch of short rows is
+trimmed to a multiple of 8 tokens rather than to `seq_len`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+PAD_MULTIPLE = 8  # padded widths round up to this (tensor-core friendly shapes)
+IGNORE_INDEX = -100  # label the transformers losses skip
+HELD_OUT_SHARE = 0.02  # of the full rows, kept for evaluation ...
+MAX_HELD_OUT_SHARE = 0.10  # ... or more when evaluation asks for more, up to this share
+MIN_ROW_TOKENS = 2  # a row needs one token to predict from and one to predict
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Token rows right-padded to one width: `ids` (rows, width) int64 and `lengths`
+    (rows,) int64, the real tokens at the start of each row."""
+
+    ids: torch.Tensor
+    lengths: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def tokens(self) -> int:
+        return int(self.lengths.sum())
+
+
+@dataclass(frozen=True)
+class PackedCorpus:
+    """A corpus cut into rows: `train` (what the model learns from) and `held_out`."""
+
+    train: Rows
+    held_out: Rows
+
+
+def pack(stream: torch.Tensor, seq_len: int, pad_id: int, train_rows_needed: int,
+         held_out_rows_wanted: int) -> PackedCorpus:
+    """Cut `stream` (int64 token ids) into rows of `seq_len` tokens.
+
+    Holds out about HELD_OUT_SHARE of the full rows (at least `held_out_rows_wanted`, at
+    most MAX_HELD_OUT_SHARE, never leaving fewer than `train_rows_needed` to train on).
+    A stream shorter than one row becomes a single padded training row.
+    """
+    full = len(stream) // seq_len
+    if full == 0:
+        return PackedCorpus(train=_padded([stream], seq_len, pad_id), held_out=_padded([], seq_len, pad_id))
+    held = min(max(math.ceil(full * HELD_OUT_SHARE), held_out_rows_wanted),
+               max(1, int(full * MAX_HELD_OUT_SHARE)), max(0, full - train_rows_needed))
+    sequences = stream[:full * seq_len].view(full, seq_len)
+    train = sequences[:full - held]
+    tail = stream[full * seq_len:]
+    held_out = list(sequences[full - held:]) + ([tail] if len(tail) >= MIN_ROW_TOKENS else [])
+    return PackedCorpus(train=Rows(train, torch.full((len(train),), seq_len, dtype=torch.long)),
+                        held_out=_padded(held_out, seq_len, pad_id))
+
+
+def _padded(rows: list[torch.Tensor], width: int, pad_id: int) -> Rows:
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)] = row
+    return Rows(ids, torch.tensor([len(row) for row in rows], dtype=torch.long))
+
+
+def causal_lm_batch(ids: torch.Tensor, lengths: torch.Tensor, with_mask: bool) -> dict[str, torch.Tensor]:
+    """A causal-LM micro-batch from padded rows: labels are the inputs (the model shifts
+    them itself), with padding masked out. Full rows come back exactly `seq_len` wide."""
+    width = _batch_width(int(lengths.max()), ids.shape[1])
+    ids = ids[:, :width].clone()  # never a view of the corpus the caller might change
+    real = torch.arange(width) < lengths[:, None]
+    batch = {"input_ids": ids}
+    if with_mask:
+        batch["attention_mask"] = real.long()
+    batch["labels"] = ids.masked_fill(~real, IGNORE_INDEX)
+    return batch
+
+
+def _batch_width(longest: int, seq_len: int) -> int:
+    if longest == seq_len:
+        return seq_len
+    return min(seq_len, math.ceil(longest / PAD_MULTIPLE) * PAD_MULTIPLE)
+
+
+def held_out_batches(rows: Rows, batch_size: int, count: int, with_mask: bool) -> list[dict[str, torch.Tensor]]:
+    """Up to `count` micro-batches of `batch_size` held-out rows, in corpus order (the
+    last one may hold fewer rows)."""
+    starts = range(0, len(rows), batch_size)[:count]
+    return [causal_lm_batch(rows.ids[s:s + batch_size], rows.lengths[s:s + batch_size], with_mask) for s in starts]

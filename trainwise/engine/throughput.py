@@ -1,0 +1,47 @@
+"""Throughput of a run: step durations and the samples/s, tokens/s and MFU they imply."""
+
+from __future__ import annotations
+
+from trainwise.engine.flops import mfu
+
+
+class StepTimer:
+    """Optimizer-step durations in seconds, as the loop measured them (after a device
+    synchronisation, so queued GPU work is included).
+
+    Steps recorded with `timed=False` (the warm-up steps, where compilation and allocator
+    growth happen, and the CPU memory-probe step, which runs under the profiler) count in
+    the run's total time but not in its rates. `flops_per_step` is the counted model FLOPs
+    of one optimizer step (FlopCount.total x grad_accum); `peak_flops` the device's peak
+    FLOP/s for the plan's precision (flops.peak_flops_for); either None: no MFU."""
+
+    def __init__(self, *, samples_per_step: int, tokens_per_step: int, flops_per_step: int | None,
+                 peak_flops: float | None):
+        self.samples_per_step, self.tokens_per_step = samples_per_step, tokens_per_step
+        self.flops_per_step, self.peak_flops = flops_per_step, peak_flops
+        self.timed: list[float] = []
+        self.untimed: list[float] = []
+
+    def record(self, seconds: float, timed: bool) -> None:
+        (self.timed if timed else self.untimed).append(seconds)
+
+    def mfu_for(self, seconds: float) -> float | None:
+        """MFU (a fraction) of one step that took `seconds`; None without FLOPs or a peak."""
+        if self.flops_per_step is None or seconds <= 0:
+            return None
+        return mfu(self.flops_per_step / seconds, self.peak_flops)
+
+    def summary(self, total_time_s: float) -> dict:
+        """time_s (the whole run, seconds), the rates over the timed steps, the mean
+        step time (seconds) and how many steps were timed. With no timed step (a run
+        shorter than its warm-up) the rates use every step and `rates_include_warmup`
+        says so."""
+        durations = self.timed or self.untimed
+        per_step = sum(durations) / len(durations) if durations else None
+        return {"time_s": total_time_s,
+                "samples_per_s": self.samples_per_step / per_step if per_step else None,
+                "tokens_per_s": self.tokens_per_step / per_step if per_step else None,
+                "mfu": self.mfu_for(per_step) if per_step else None,
+                "step_time_s": per_step,
+                "timed_steps": len(self.timed),
+                "rates_include_warmup": not self.timed}
