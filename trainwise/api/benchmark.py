@@ -3,88 +3,171 @@ trainwise and (the baseline) by the Hugging Face Trainer, measured next to the e
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Callable
 
 import torch
 
+from trainwise.api.compatibility import check_device_support
 from trainwise.api.estimate import estimate
 from trainwise.bench.capability import skip_reason
 from trainwise.bench.chart import save_chart
 from trainwise.bench.ladders import Rung, load_ladder
 from trainwise.bench.markdown import results_markdown
 from trainwise.bench.results import load_results, save_results
-from trainwise.bench.rows import empty_row
+from trainwise.bench.rows import empty_row, row_plan
 from trainwise.bench.runner import RowJob, run_row
+from trainwise.hardware import resolve_device
 from trainwise.plan.atomic import atomic_write_text
 from trainwise.plan.errors import InputError
 
 BASELINES = ("hf-trainer", "none")
 # Sized to the machine: the classic example on a GPU, a small model that finishes quickly on a CPU.
-DEFAULT_MODELS = {"cuda": ("bert-large-uncased", {"seq_len": 512}), "cpu": ("tiny-llama", {"seq_len": 128})}
+DEFAULT_MODELS = {"cuda": ("bert-large-uncased", {"seq_len": 512, "task": "seq-cls"}),  # random tokens
+                  "cpu": ("tiny-llama", {"seq_len": 128})}
+DEFAULT_LADDERS = {"cuda": "default", "cpu": "quick"}
 ROW_TIMEOUT_S = 1800
+TIMING_WARMUP_STEPS = 1
+MIN_STEPS = TIMING_WARMUP_STEPS + 2  # + the CPU memory-probe step + one timed step
+# A row finished in an earlier run (kept by --resume); "error" rows are run again.
+FINISHED = ("ok", "oom", "skipped")
 
 
-def default_model(device_type: str) -> tuple[str, dict]:
-    return DEFAULT_MODELS[device_type]
+def bench(model: str | None = None, ladder: str | None = None, *, steps: int = 10,
+          out: str | Path = "bench-results", baseline: str = "hf-trainer", resume: bool = False,
+          device: str | None = None, task: str | None = None, seed: int = 0, base_knobs: dict | None = None,
+          timeout_s: float = ROW_TIMEOUT_S, on_row: Callable[[dict], None] | None = None) -> list[dict]:
+    """Run every rung of `ladder` (a name or a YAML file; default: `default` on a GPU,
+    `quick` on a CPU) with trainwise and, unless `baseline` is "none", the HF Trainer, and
+    return the rows (DESIGN.md's bench row contract; times in seconds, memory in bytes).
 
-
-def bench(model: str | None = None, ladder: str = "default", *, steps: int = 10, out: str | Path = "bench-results",
-          baseline: str = "hf-trainer", resume: bool = False, device: str | None = None, task: str | None = None,
-          seed: int = 0, base_knobs: dict | None = None,
-          on_row: Callable[[dict], None] | None = None) -> list[dict]:
-    """Run every rung of `ladder` and return the rows (DESIGN.md's bench row contract).
-
-    Rows are written to `out` (results.json, results.csv, chart.png) after each one."""
+    Each row runs in its own process. results.json and results.csv in `out` are rewritten
+    after every row, so an interrupted ladder keeps what finished; chart.png and results.md
+    follow at the end. `base_knobs` are set on every rung before the rung's own knobs."""
     if baseline not in BASELINES:
         raise InputError("--baseline", f"must be one of {', '.join(BASELINES)} (got {baseline!r})")
-    if steps < 2:
-        raise InputError("--steps", "must be an int >= 2 (one warm-up step is excluded from the timing)")
-    device_type = "cuda" if (device or ("cuda" if torch.cuda.is_available() else "cpu")) != "cpu" else "cpu"
-    default_name, default_knobs = default_model(device_type)
-    base = {"device": device or device_type, **({} if model else default_knobs), **(base_knobs or {})}
-    model = model or default_name
-    rungs = load_ladder(ladder, base)
-    out = Path(out)
-    rows = load_results(out) if resume else []
-    finished = {(r["name"], r["engine"]) for r in rows if r.get("status") in ("ok", "oom", "skipped")}
-    rows = [r for r in rows if (r["name"], r["engine"]) in finished]
+    if steps < MIN_STEPS:
+        raise InputError("--steps", f"must be an int >= {MIN_STEPS}: the warm-up step and, on a CPU, the "
+                                    f"memory-profiled last step are left out of the rates (got {steps})")
+    if device is not None:
+        resolve_device(device)  # an unknown GPU name is bad input, not a row to skip
+    device_type = _device_type(device)
+    ladder = ladder or DEFAULT_LADDERS[device_type]
+    default_name, default_knobs = DEFAULT_MODELS[device_type]
+    if model is None:
+        model, task = default_name, task or default_knobs.get("task")
+        base_knobs = {"seq_len": default_knobs["seq_len"], **(base_knobs or {})}
+    rungs = load_ladder(ladder, {"device": device or device_type, **(base_knobs or {})})
     engines = ["trainwise"] + (["hf-trainer"] if baseline == "hf-trainer" else [])
-    has_bf16 = device_type != "cuda" or torch.cuda.is_bf16_supported()
-    with tempfile.TemporaryDirectory(prefix="trainwise-bench-") as scratch:
-        for rung in rungs:
-            predicted = None
-            for engine in engines:
-                if (rung.name, engine) in finished:
-                    continue
-                reason = skip_reason(rung.plan, device_type, has_bf16)
-                if reason:
-                    row = empty_row(rung.name, rung.plan.changed_knobs(), engine, "skipped", reason)
-                else:
-                    predicted = predicted or _predicted(model, rung, task)
-                    job = RowJob(rung.name, rung.plan, engine, model, steps, 1, seed, task, Path(scratch), ROW_TIMEOUT_S)
-                    row = run_row(job, predicted)
-                rows.append(row)
-                save_results(out, rows)
-                if on_row:
-                    on_row(row)
-    save_chart(rows, out / "chart.png", f"{model}: {ladder} ladder ({steps} steps per row)")
-    command = f"trainwise bench {model} --ladder {ladder} --steps {steps}" + (f" --device {device}" if device else "")
-    atomic_write_text(out / "results.md", results_markdown(rows, command, _device_name(device_type)))
+    out = Path(out)
+    results = _earlier_rows(out, model, rungs, engines) if resume else {}
+    order = [(rung.name, engine) for rung in rungs for engine in engines]
+    try:
+        with tempfile.TemporaryDirectory(prefix="trainwise-bench-") as scratch:
+            for rung in rungs:
+                predicted: list = []  # the rung's estimate, made once and only if a row runs
+                for engine in engines:
+                    earlier = results.get((rung.name, engine))
+                    if earlier and earlier["status"] in FINISHED:
+                        continue
+                    job = RowJob(rung.name, rung.plan, engine, model, steps, TIMING_WARMUP_STEPS, seed, task,
+                                 Path(scratch), timeout_s)
+                    row = _run(job, device_type, predicted)
+                    row["model"] = model
+                    results[(rung.name, engine)] = row
+                    save_results(out, _in_order(results, order))
+                    if on_row:
+                        on_row(row)
+    finally:
+        rows = _in_order(results, order)
+        if rows:
+            _save_summaries(rows, out, model, ladder, steps, device, base_knobs or {}, device_type)
     return rows
 
 
-def _device_name(device_type: str) -> str:
-    if device_type == "cuda":
-        return torch.cuda.get_device_name(0)
-    return f"CPU ({os.cpu_count()} cores)"
+def _run(job: RowJob, device_type: str, predicted: list) -> dict:
+    """One row: skipped up front when this machine cannot run it, else run in a fresh process."""
+    reason = _cannot_run_here(job.plan)
+    if reason:
+        return empty_row(job.name, row_plan(job.plan), job.engine, "skipped", reason)
+    if not predicted:
+        predicted.append(_predicted(job.model, job.plan, job.task))
+    estimate_memory, note = predicted[0]
+    row = run_row(job, estimate_memory)
+    if note:
+        row["notes"].append(note)
+    return row
 
 
-def _predicted(model: str, rung: Rung, task: str | None) -> dict | None:
-    """The estimate for a rung, used for rows whose run reports no prediction itself."""
+def _cannot_run_here(plan) -> str | None:
     try:
-        return estimate(model, rung.plan.replace(compile=False), task=task).memory.to_json()
-    except InputError:
-        return None
+        check_device_support(plan, resolve_device(plan.device))
+    except InputError as err:
+        return err.message
+    return skip_reason(plan, _device_type(plan.device))
+
+
+def _predicted(model: str, plan, task: str | None) -> tuple[dict | None, str | None]:
+    """(the estimate's memory keys for `plan`, a note when there is none). torch.compile
+    is predicted as the eager model: compiled graphs usually need less."""
+    try:
+        with _quiet():
+            result = estimate(model, plan.replace(compile=False), task=task)
+    except Exception as err:  # noqa: BLE001 - a row without a prediction still measures
+        return None, f"no prediction: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
+    return result.memory.to_json(), "prediction is for the eager model" if plan.compile else None
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Tracing builds models and runs their code: keep their warnings off the bench's output."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def _earlier_rows(out: Path, model: str, rungs: list[Rung], engines: list[str]) -> dict:
+    """Rows of an earlier run in `out` for the same model, rung names and plans."""
+    plans = {rung.name: row_plan(rung.plan) for rung in rungs}
+    return {(row["name"], row["engine"]): row for row in load_results(out)
+            if isinstance(row, dict) and row.get("model") == model and row.get("engine") in engines
+            and row.get("name") in plans and row.get("plan") == plans[row["name"]]}
+
+
+def _in_order(results: dict, order: list[tuple[str, str]]) -> list[dict]:
+    return [results[key] for key in order if key in results]
+
+
+def _save_summaries(rows: list[dict], out: Path, model: str, ladder: str, steps: int, device: str | None,
+                    base_knobs: dict, device_type: str) -> None:
+    save_chart(rows, out / "chart.png", f"{model}: {Path(ladder).stem} ladder, {steps} steps per row "
+                                         f"on {_device_name(device_type)}")
+    flags = "".join(f" --{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in base_knobs.items())
+    command = f"trainwise bench {model} --ladder {ladder} --steps {steps}{flags}" + (
+        f" --device {device}" if device else "")
+    atomic_write_text(out / "results.md", results_markdown(rows, command, _device_name(device_type)))
+
+
+def _device_type(device: str | None) -> str:
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cpu" if str(device).lower() == "cpu" else "cuda"
+
+
+def _device_name(device_type: str) -> str:
+    if device_type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    if device_type == "cuda":
+        return "CUDA (none present)"
+    return f"CPU ({os.cpu_count()} cores)"

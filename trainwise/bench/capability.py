@@ -1,26 +1,46 @@
-"""Whether this machine can run a plan at all: a row it cannot run is shown as skipped,
-with the reason, before any process is started."""
+"""What this installation cannot run, found before any process is started: such a row is
+shown as skipped, with the reason. (What a *device* cannot do, fp16 on a CPU say, is
+trainwise.api.compatibility's to decide; this file covers packages, compilers and the
+layouts `trainwise train` does not run yet.)"""
 
 from __future__ import annotations
 
 import importlib.util
+import shutil
 
 from trainwise.plan.plan import Plan
 
 
-def skip_reason(plan: Plan, device_type: str, has_bf16: bool = True) -> str | None:
-    """Why `plan` cannot run on a `device_type` ('cpu'/'cuda') device here, or None."""
-    if device_type == "cpu":
-        if plan.precision in ("fp16", "tf32"):
-            return f"{plan.precision} needs a CUDA GPU (no fp16 loss-scaling or TF32 path on cpu)"
-        if plan.optim == "adamw-8bit":
-            return "8-bit AdamW (bitsandbytes) needs a CUDA GPU"
-        if plan.attention == "flash":
-            return "flash attention needs a CUDA GPU"
-    if plan.optim == "adamw-8bit" and importlib.util.find_spec("bitsandbytes") is None:
+def skip_reason(plan: Plan, device_type: str) -> str | None:
+    """Why `plan` cannot run here on a `device_type` ('cpu'/'cuda') device, or None."""
+    import torch
+
+    if device_type == "cuda" and not torch.cuda.is_available():
+        return "this machine has no CUDA GPU (use --device cpu)"
+    if plan.is_distributed or plan.cpu_offload:
+        return "parallel layouts are not benched yet (each row trains on one device)"
+    if plan.optim == "adamw-8bit" and not _installed("bitsandbytes"):
         return "8-bit AdamW needs the bitsandbytes package (pip install bitsandbytes)"
-    if plan.attention == "flash" and importlib.util.find_spec("flash_attn") is None:
-        return "flash attention needs the flash-attn package"
-    if plan.precision in ("bf16", "bf16-pure") and device_type == "cuda" and not has_bf16:
-        return "bf16 needs compute capability 8.0+"
+    if plan.attention == "flash" and not _installed("flash_attn"):
+        return "flash attention needs the flash-attn package (pip install flash-attn)"
+    if plan.compile:
+        return compile_unavailable(device_type)
     return None
+
+
+def compile_unavailable(device_type: str) -> str | None:
+    """Why torch.compile cannot run here, or None. Inductor generates C++ on a CPU and
+    Triton kernels on a GPU; without the compiler or package it fails at the first step."""
+    import torch._dynamo
+
+    if not torch._dynamo.is_dynamo_supported():
+        return "torch.compile is not supported on this Python/platform"
+    if device_type == "cpu" and not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
+        return "torch.compile on a CPU needs a C++ compiler (none found on PATH)"
+    if device_type == "cuda" and not _installed("triton"):
+        return "torch.compile on a GPU needs the triton package"
+    return None
+
+
+def _installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None

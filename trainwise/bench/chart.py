@@ -26,7 +26,9 @@ def save_chart(rows: list[dict], path: Path, title: str) -> Path:
         by_name = {r["name"]: r for r in rows if r["engine"] == engine}
         xs = [i + (offset - (len(engines) - 1) / 2) * width for i in range(len(names))]
         measured = [_mib(_memory(by_name.get(n))) for n in names]
-        predicted = [_mib((by_name.get(n) or {}).get("predicted", {}).get("peak_allocated")) for n in names]
+        # No marker (NaN) where there is no prediction, rather than one at zero.
+        predicted = [_mib((by_name.get(n) or {}).get("predicted", {}).get("peak_allocated")) or float("nan")
+                     for n in names]
         speed = [(by_name.get(n) or {}).get("samples_per_s") or 0 for n in names]
         label = "trainwise" if engine == "trainwise" else "HF Trainer (baseline)"
         memory_axis.bar(xs, measured, width, label=f"{label}: measured peak")

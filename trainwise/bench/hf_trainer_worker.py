@@ -19,9 +19,12 @@ import time
 
 import torch
 
+from trainwise.engine.data.train_data import SyntheticMicroBatches
+from trainwise.engine.flops import count_training_flops, peak_flops_for
 from trainwise.engine.memory_probe import MemoryProbe
 from trainwise.engine.metrics import MetricsLog, StepTimer
 from trainwise.engine.runtime import runtime_device, synchronize
+from trainwise.hardware import resolve_device
 from trainwise.models import build_model, example_batch, resolve_model
 from trainwise.plan import InputError, plan_from_sources
 from trainwise.plan.errors import OutOfMemory
@@ -31,21 +34,22 @@ HF_OPTIMIZERS = {"adamw": "adamw_torch", "adamw-fused": "adamw_torch_fused", "ad
                  "adamw-8bit": "adamw_bnb_8bit", "sgd": "sgd"}
 
 
-class _SyntheticSamples(torch.utils.data.Dataset):
-    """Sample i of micro-batch g is row i of trainwise's synthetic micro-batch g."""
+class _SameSamples(torch.utils.data.Dataset):
+    """Sample i is row i % b of trainwise's synthetic micro-batch i // b: the Trainer sees
+    the very tokens `trainwise train --data synthetic` trains on, in the same order."""
 
-    def __init__(self, spec, batch_size: int, seq_len: int, seed: int, micro_batches: int):
-        self.spec, self.batch_size, self.seq_len, self.seed = spec, batch_size, seq_len, seed
-        self.length = batch_size * micro_batches
+    def __init__(self, micro_batches: SyntheticMicroBatches, batch_size: int, count: int):
+        self.micro_batches, self.batch_size, self.length = micro_batches, batch_size, batch_size * count
+        self._made: dict[int, dict] = {}  # each micro-batch is drawn once, as trainwise draws it
 
     def __len__(self):
         return self.length
 
     def __getitem__(self, index: int):
         number, row = divmod(index, self.batch_size)
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + number)
-        batch = example_batch(self.spec, self.batch_size, self.seq_len, generator=generator)
-        return {key: value[row] for key, value in batch.items()}
+        if number not in self._made:
+            self._made[number] = self.micro_batches[number]
+        return {key: value[row] for key, value in self._made[number].items()}
 
 
 def training_arguments(plan, steps: int, seed: int, device_type: str, output_dir: str):
@@ -53,8 +57,7 @@ def training_arguments(plan, steps: int, seed: int, device_type: str, output_dir
 
     return TrainingArguments(
         output_dir=output_dir, per_device_train_batch_size=plan.batch_size,
-        gradient_accumulation_steps=plan.grad_accum, gradient_checkpointing=plan.grad_ckpt,
-        gradient_checkpointing_kwargs={"use_reentrant": False} if plan.grad_ckpt else None,
+        gradient_accumulation_steps=plan.grad_accum, **_checkpointing(plan),
         fp16=plan.precision == "fp16", bf16=plan.precision == "bf16",
         tf32=True if plan.precision == "tf32" else None, optim=HF_OPTIMIZERS[plan.optim],
         max_steps=steps, learning_rate=plan.lr, warmup_steps=plan.warmup_steps,
@@ -62,8 +65,32 @@ def training_arguments(plan, steps: int, seed: int, device_type: str, output_dir
         weight_decay=plan.weight_decay, max_grad_norm=plan.max_grad_norm,
         dataloader_num_workers=plan.workers, dataloader_pin_memory=plan.pin_memory,
         torch_compile=plan.compile, report_to="none", save_strategy="no", logging_steps=1,
-        disable_tqdm=True, use_cpu=device_type == "cpu", seed=seed, data_seed=seed,
+        disable_tqdm=True, use_cpu=device_type == "cpu", seed=seed, data_seed=seed, **_in_order(),
     )
+
+
+def _in_order() -> dict:
+    """The Trainer shuffles by default; the same batches in the same order need sequential
+    sampling (an option of newer transformers; older ones draw the same samples shuffled)."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return {"train_sampling_strategy": "sequential"} if "train_sampling_strategy" in fields else {}
+
+
+def _checkpointing(plan) -> dict:
+    """Per-layer checkpointing without reentrant autograd, as trainwise applies it. Newer
+    transformers call it activation checkpointing (the old names are deprecated)."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    prefix = "activation" if "activation_checkpointing" in fields else "gradient"
+    return {f"{prefix}_checkpointing": plan.grad_ckpt,
+            f"{prefix}_checkpointing_kwargs": {"use_reentrant": False} if plan.grad_ckpt else None}
 
 
 def main(argv=None) -> int:
@@ -98,14 +125,28 @@ def run(args) -> None:
         model = apply_lora(model, plan, spec.task)
     if plan.precision == "bf16-pure":
         model = model.to(torch.bfloat16)
-    data = _SyntheticSamples(spec, plan.batch_size, plan.seq_len, args.seed, args.steps * plan.grad_accum)
-    measure = _Measure(device, plan, args)
+    micro_batches = SyntheticMicroBatches(spec, plan.batch_size, plan.seq_len, args.seed, rank=0, world_size=1)
+    data = _SameSamples(micro_batches, plan.batch_size, args.steps * plan.grad_accum)
+    measure = _Measure(device, plan, args, *_flops_and_peak(spec, plan, device))
     with tempfile.TemporaryDirectory() as scratch:
         trainer = Trainer(model=model, args=training_arguments(plan, args.steps, args.seed, device.type, scratch),
                           train_dataset=data, callbacks=[measure])
-        began = time.perf_counter()
         trainer.train()
-        measure.finish(time.perf_counter() - began)
+    measure.finish()
+
+
+def _flops_and_peak(spec, plan, device) -> tuple[int | None, float | None]:
+    """Model FLOPs of one optimizer step and the device's peak FLOP/s, counted exactly as
+    `trainwise train` counts them, so both engines' MFU use one yardstick. No peak (a
+    CPU, a GPU missing from the catalog): no MFU, and the FLOPs are not counted at all."""
+    peak, _ = peak_flops_for(resolve_device("cpu" if device.type == "cpu" else f"cuda:{device.index or 0}"),
+                             plan.precision)
+    if peak is None:
+        return None, None
+    meta = build_model(spec, "meta", attention=plan.attention)
+    count = count_training_flops(meta, lambda: example_batch(spec, plan.batch_size, plan.seq_len, device="cpu"),
+                                 plan, spec.task)
+    return count.total * plan.grad_accum, peak
 
 
 def _callback_base():
@@ -117,15 +158,18 @@ def _callback_base():
 class _Measure(_callback_base()):
     """Times each optimizer step (device-synchronised) and probes memory like the engine."""
 
-    def __init__(self, device, plan, args):
+    def __init__(self, device, plan, args, flops_per_step: int | None, peak_flops: float | None):
         self.device, self.plan, self.args = device, plan, args
         tokens = plan.batch_size * plan.seq_len * plan.grad_accum
         self.timer = StepTimer(samples_per_step=plan.batch_size * plan.grad_accum, tokens_per_step=tokens,
-                               flops_per_step=None, peak_flops=None)
+                               flops_per_step=flops_per_step, peak_flops=peak_flops)
         self.probe = MemoryProbe(device, probe_step=args.steps - 1)
         self.log = MetricsLog(args.metrics)
         self.last_loss = None
         self._began: float | None = None
+        # The run's time, like `trainwise train`'s: its steps, not building the Trainer.
+        self._first_began: float | None = None
+        self._last_end: float | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.probe.reset()
@@ -136,14 +180,14 @@ class _Measure(_callback_base()):
             live += [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
         self.probe.step_begin(state.global_step, live)
         if self._began is None:
-            self._began = time.perf_counter()
+            self._began = self._first_began = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
         # End to end, from the previous step's end: data loading and the Trainer's own
         # bookkeeping count, as they do for `trainwise train`.
         synchronize(self.device)
         now = time.perf_counter()
-        elapsed, self._began = now - self._began, now
+        elapsed, self._began, self._last_end = now - self._began, now, now
         step = state.global_step - 1
         self.probe.step_end(step)
         probed = self.device.type == "cpu" and step == self.probe.probe_step
@@ -154,8 +198,9 @@ class _Measure(_callback_base()):
             self.last_loss = logs["loss"]
             self.log.step({"step": state.global_step, "loss": logs["loss"], "lr": logs.get("learning_rate")})
 
-    def finish(self, total_s: float) -> None:
+    def finish(self) -> None:
         memory = self.probe.snapshot()
+        total_s = (self._last_end - self._first_began) if self._first_began and self._last_end else 0.0
         self.log.summary({**self.timer.summary(total_s), "peak_allocated": memory.peak_allocated,
                           "peak_reserved": memory.peak_reserved, "device_total": memory.device_total,
                           "final_loss": self.last_loss, "memory_method": memory.method})

@@ -58,15 +58,23 @@ def load_ladder(name_or_file: str, base: dict) -> list[Rung]:
         source = f"ladder {name_or_file}"
     else:
         entries, source = _read_file(name_or_file), f"--ladder {name_or_file}"
+    Plan.from_dict(base)  # a bad base knob is the flag's fault, not the ladder entry's
     rungs, seen = [], set()
     for index, entry in enumerate(entries):
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or \
                 not isinstance(entry.get("plan", {}), dict):
             raise InputError("--ladder", f"{source} entry {index + 1} must be a mapping with a name and a plan mapping")
+        unknown = sorted(set(entry) - {"name", "plan"})
+        if unknown:
+            raise InputError("--ladder", f"{source} entry {entry['name']!r}: unknown key(s) {', '.join(unknown)}; "
+                                         "an entry is {name: ..., plan: {knob: value, ...}}")
         if entry["name"] in seen:
             raise InputError("--ladder", f"{source}: the name {entry['name']!r} appears twice")
         seen.add(entry["name"])
-        plan = Plan.from_dict({**base, **(entry.get("plan") or {})}, source=f"{source} entry {entry['name']!r}")
+        try:
+            plan = Plan.from_dict({**base, **(entry.get("plan") or {})})
+        except InputError as err:
+            raise InputError("--ladder", f"{source} entry {entry['name']!r}: {err}") from None
         rungs.append(Rung(entry["name"], plan))
     if not rungs:
         raise InputError("--ladder", f"{source} has no entries")

@@ -14,7 +14,7 @@ from trainwise.plan.atomic import atomic_write_text
 JSON_FILE, CSV_FILE = "results.json", "results.csv"
 CSV_COLUMNS = ["name", "engine", "status", "reason", "time_s", "samples_per_s", "tokens_per_s", "mfu",
                *[f"measured_{k}" for k in MEMORY_KEYS], *[f"predicted_{k}" for k in MEMORY_KEYS],
-               "error_pct_peak_allocated", "error_pct_device_total", "memory_method", "plan"]
+               "error_pct_peak_allocated", "error_pct_device_total", "memory_method", "model", "plan", "notes"]
 
 
 def save_results(out: Path, rows: list[dict]) -> None:
@@ -42,6 +42,7 @@ def _csv(rows: list[dict]) -> str:
         flat.update({f"predicted_{k}": row["predicted"].get(k) for k in MEMORY_KEYS})
         flat.update(error_pct_peak_allocated=row["error_pct"].get("peak_allocated"),
                     error_pct_device_total=row["error_pct"].get("device_total"),
-                    memory_method=row.get("memory_method"), plan=json.dumps(row.get("plan", {})))
+                    memory_method=row.get("memory_method"), model=row.get("model"),
+                    plan=json.dumps(row.get("plan", {})), notes="; ".join(row.get("notes") or []))
         writer.writerow(flat)
     return buffer.getvalue()

@@ -7,13 +7,20 @@ from pathlib import Path
 
 MEMORY_KEYS = ("peak_allocated", "peak_reserved", "device_total")
 ENGINES = ("trainwise", "hf-trainer")
+# Knobs every row shows even at their defaults: a ladder is about these.
+SHOWN_KNOBS = ("batch_size", "grad_accum", "seq_len", "precision", "optim")
+
+
+def row_plan(plan) -> dict:
+    """A row's "plan": the ladder's core knobs, plus every other knob off its default."""
+    return {**{name: getattr(plan, name) for name in SHOWN_KNOBS}, **plan.changed_knobs()}
 
 
 def empty_row(name: str, plan: dict, engine: str, status: str, reason: str = "") -> dict:
     return {"name": name, "plan": plan, "engine": engine, "status": status, "reason": reason,
             "time_s": None, "samples_per_s": None, "tokens_per_s": None, "mfu": None,
             "measured": {k: None for k in MEMORY_KEYS}, "predicted": {k: None for k in MEMORY_KEYS},
-            "error_pct": {"peak_allocated": None, "device_total": None}, "memory_method": None}
+            "error_pct": {"peak_allocated": None, "device_total": None}, "memory_method": None, "notes": []}
 
 
 def row_from_summary(name: str, plan: dict, engine: str, summary: dict, predicted: dict | None) -> dict:

@@ -13,12 +13,17 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainwise.bench.rows import empty_row, read_summary, row_from_summary
+from trainwise.bench.rows import empty_row, read_summary, row_from_summary, row_plan
 from trainwise.plan.plan import Plan
 
 EXIT_BAD_INPUT, EXIT_OOM = 2, 3
-# Exit-2 messages that mean "this device cannot", which the bench shows as skipped.
-CAPABILITY_WORDS = ("needs a CUDA", "needs compute capability", "needs the", "no CUDA GPU", "unavailable")
+# Exit-2 messages that mean "this device or installation cannot" (shown as skipped), as
+# opposed to a mistake in the ladder (shown as an error): "fp16 needs a CUDA device",
+# "bf16 needs an Ampere or newer GPU", "... needs the bitsandbytes package", "this machine
+# has no CUDA GPU", "cuda:1 is not present", "torch.compile is unavailable", "parallel
+# layouts are not supported yet".
+CAPABILITY_PHRASES = ("needs a ", "needs an ", "needs compute capability", "needs the ", "no CUDA GPU",
+                      "is not present", "unavailable", "not supported yet")
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,7 @@ def run_row(job: RowJob, predicted: dict | None = None) -> dict:
     plan_file, metrics = job.workdir / f"{slug}.plan.json", job.workdir / f"{slug}.metrics.jsonl"
     plan_file.write_text(json.dumps(job.plan.to_dict()))
     metrics.unlink(missing_ok=True)
-    plan = job.plan.changed_knobs()
+    plan = row_plan(job.plan)
     try:
         done = subprocess.run(command(job, plan_file, metrics), capture_output=True, text=True,
                               timeout=job.timeout_s)
@@ -63,12 +68,13 @@ def run_row(job: RowJob, predicted: dict | None = None) -> dict:
     if done.returncode == EXIT_OOM:
         return empty_row(job.name, plan, job.engine, "oom", message)
     if done.returncode == EXIT_BAD_INPUT:
-        status = "skipped" if any(w in message for w in CAPABILITY_WORDS) else "error"
+        status = "skipped" if any(phrase in message for phrase in CAPABILITY_PHRASES) else "error"
         return empty_row(job.name, plan, job.engine, status, message)
     summary = read_summary(metrics)
     if done.returncode != 0 or summary is None:
         return empty_row(job.name, plan, job.engine, "error", message or f"exit code {done.returncode}")
-    return row_from_summary(job.name, plan, job.engine, summary, summary.get("predicted") or predicted)
+    # The parent's estimate first, so both engines' rows of a rung carry the same prediction.
+    return row_from_summary(job.name, plan, job.engine, summary, predicted or summary.get("predicted"))
 
 
 def _last_error_line(stderr: str) -> str:

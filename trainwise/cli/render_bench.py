@@ -10,54 +10,97 @@ from trainwise.plan.units import human_bytes
 
 def render_row(row: dict, console: Console) -> None:
     """One progress line as each row finishes."""
-    speed = f"{row['samples_per_s']:.1f} samples/s" if row.get("samples_per_s") else ""
-    console.print(f"[{row['status']}] {row['engine']:<10} {row['name']:<24} {speed} {row.get('reason') or ''}",
+    figures = ""
+    if row["status"] == "ok":
+        figures = f"{_num(row.get('samples_per_s'), ',.1f')} samples/s, peak {_bytes(row['measured'].get('peak_allocated'))}"
+    console.print(f"{row['status']:<8} {row['engine']:<10} {row['name']:<24} {figures}{row.get('reason') or ''}",
                   highlight=False, markup=False)
 
 
 def render_bench(rows: list[dict], console: Console, out) -> None:
-    table = Table(title="bench (m: measured, p: predicted; rates exclude the warm-up step)", title_justify="left")
-    for column in ("row", "engine", "status", "time s", "samples/s", "tokens/s", "MFU",
-                   "peak m", "peak p", "err", "dev total m", "vs HF"):
-        table.add_column(column, justify="left" if column in ("row", "engine", "status") else "right")
+    """The whole table, then what each figure is and where the files are."""
+    measured_reserved = any(r["measured"].get("peak_reserved") is not None for r in rows)
+    measured_total = any(r["measured"].get("device_total") is not None for r in rows)
+    has_mfu = any(r.get("mfu") is not None for r in rows)
     baseline = {r["name"]: r for r in rows if r["engine"] == "hf-trainer"}
+    columns = ["row", "engine", "status", "time (s)", "samples/s", "tokens/s"] + (["MFU"] if has_mfu else []) + [
+        "peak alloc\nmeasured", "peak alloc\npredicted", "error"]
+    if measured_reserved:
+        columns += ["reserved\nmeasured", "reserved\npredicted"]
+    if measured_total:
+        columns += ["device total\nmeasured", "device total\npredicted", "error "]
+    if baseline:
+        columns.append("samples/s vs\nHF Trainer")
+    table = Table(title="bench: rates exclude the warm-up step; memory is the peak of one training step",
+                  title_justify="left")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("row", "engine", "status") else "right")
     reasons: list[str] = []
     for row in rows:
-        measured, predicted = row["measured"], row["predicted"]
-        error = row["error_pct"].get("peak_allocated")
-        ratio = ""
-        other = baseline.get(row["name"])
-        if row["engine"] == "trainwise" and other and row.get("samples_per_s") and other.get("samples_per_s"):
-            ratio = f"{row['samples_per_s'] / other['samples_per_s']:.2f}x"
-        status = row["status"]
-        if status != "ok" and row.get("reason"):
-            if row["reason"] not in reasons:
-                reasons.append(row["reason"])
-            status += f" [{reasons.index(row['reason']) + 1}]"
-        table.add_row(row["name"], "trainwise" if row["engine"] == "trainwise" else "HF", status,
-                      _num(row.get("time_s"), ".1f"), _num(row.get("samples_per_s"), ",.1f"),
-                      _num(row.get("tokens_per_s"), ",.0f"),
-                      f"{100 * row['mfu']:.1f}%" if row.get("mfu") is not None else "n/a",
-                      human_bytes(measured.get("peak_allocated")), human_bytes(predicted.get("peak_allocated")),
-                      f"{error:+.1f}%" if error is not None else "", human_bytes(measured.get("device_total")), ratio)
-    _drop_empty_columns(table)
+        measured, predicted, error = row["measured"], row["predicted"], row["error_pct"]
+        cells = [row["name"], "trainwise" if row["engine"] == "trainwise" else "HF Trainer",
+                 _status(row, reasons), _num(row.get("time_s"), ".1f"), _num(row.get("samples_per_s"), ",.1f"),
+                 _num(row.get("tokens_per_s"), ",.0f")]
+        if has_mfu:
+            cells.append(f"{100 * row['mfu']:.1f} %" if row.get("mfu") is not None else "n/a")
+        cells += [_bytes(measured.get("peak_allocated")), _bytes(predicted.get("peak_allocated")),
+                  _pct(error.get("peak_allocated"))]
+        if measured_reserved:
+            cells += [_bytes(measured.get("peak_reserved")), _bytes(predicted.get("peak_reserved"))]
+        if measured_total:
+            cells += [_bytes(measured.get("device_total")), _bytes(predicted.get("device_total")),
+                      _pct(error.get("device_total"))]
+        if baseline:
+            cells.append(_ratio(row, baseline.get(row["name"])))
+        table.add_row(*cells)
     console.print(table)
     for number, reason in enumerate(reasons, 1):
         console.print(f"[{number}] {reason}", highlight=False, markup=False)
-    methods = {r.get("memory_method") for r in rows if r.get("memory_method")}
-    for method in sorted(methods):
-        console.print(f"memory measured by: {method}", highlight=False)
-    console.print("vs HF: trainwise samples/s over the Hugging Face Trainer's for the same row; "
-                  "'-' where a figure does not exist on this device")
-    console.print(f"results: {out}/results.json, {out}/results.csv, chart: {out}/chart.png")
+    _explain(rows, console, measured_reserved or measured_total, bool(baseline), out)
+
+
+def _explain(rows: list[dict], console: Console, has_device_figures: bool, has_baseline: bool, out) -> None:
+    for method in sorted({r["memory_method"] for r in rows if r.get("memory_method")}):
+        console.print(f"measured memory: {method}", highlight=False, markup=False)
+    console.print("predicted memory: `trainwise estimate` for the same plan (traced on fake tensors); "
+                  "error = (predicted - measured) / measured", highlight=False, markup=False)
+    if not has_device_figures:
+        console.print("peak reserved and device total: n/a, this device reports no allocator cache or "
+                      "context to measure", highlight=False, markup=False)
+    if has_baseline:
+        console.print("vs HF Trainer: trainwise samples/s divided by the Trainer's for the same row "
+                      "(above 1.00x: trainwise is faster)", highlight=False, markup=False)
+    notes = sorted({note for r in rows for note in r.get("notes") or []})
+    for note in notes:
+        console.print(f"note: {note}", highlight=False, markup=False)
+    console.print(f"results: {out}/results.json, {out}/results.csv, {out}/results.md; chart: {out}/chart.png",
+                  highlight=False, markup=False)
+
+
+def _status(row: dict, reasons: list[str]) -> str:
+    """The status, with a footnote number for its reason (reasons are long)."""
+    if row["status"] == "ok" or not row.get("reason"):
+        return row["status"]
+    if row["reason"] not in reasons:
+        reasons.append(row["reason"])
+    return f"{row['status']} [{reasons.index(row['reason']) + 1}]"
+
+
+def _ratio(row: dict, other: dict | None) -> str:
+    if row["engine"] != "trainwise" or not other or not row.get("samples_per_s") or not other.get("samples_per_s"):
+        return ""
+    return f"{row['samples_per_s'] / other['samples_per_s']:.2f}x"
+
+
+def _bytes(value) -> str:
+    return "n/a" if value is None else human_bytes(value)
+
+
+def _pct(value) -> str:
+    if value is None:
+        return "n/a"
+    return "0.0 %" if abs(value) < 0.05 else f"{value:+.1f} %"
 
 
 def _num(value, spec: str) -> str:
-    return format(value, spec) if value is not None else "n/a"
-
-
-def _drop_empty_columns(table: Table) -> None:
-    """Columns with no figure on this device (device total and MFU on a CPU) only take room."""
-    empty = {"", "-", "n/a"}
-    table.columns[:] = [c for c in table.columns
-                        if c.header in ("row", "engine", "status") or any(str(v) not in empty for v in c._cells)]
+    return "n/a" if value is None else format(value, spec)
