@@ -147,3 +147,21 @@ def test_cuda_target_weights_and_totals(name, precision, bytes_per_param):
     assert memory.peak_reserved >= memory.peak_allocated
     assert memory.peak_allocated >= memory.weights + memory.optimizer
     assert memory.peak_reserved % 512 == 0 and memory.peak_allocated % 512 == 0
+
+
+@pytest.mark.parametrize("optim, step_on_gpu", [("adamw", False), ("adamw-fused", True), ("adafactor", False)])
+def test_step_counters_stay_on_the_host_for_a_gpu(optim, step_on_gpu):
+    """torch.optim keeps `state["step"]` (one fp32 scalar per parameter tensor) on the CPU
+    unless the optimizer is fused or capturable. For a CPU target it is CPU memory like
+    the rest; for a GPU it is no device memory."""
+    from trainwise.models import build_model
+
+    tensors = sum(1 for p in build_model(resolve_model("tiny-llama"), "meta").parameters() if p.requires_grad)
+    knobs = {"batch_size": 2, "seq_len": 64, "optim": optim}
+    on_cpu, on_gpu = (estimate("tiny-llama", Plan.from_dict({**knobs, "device": device})).memory
+                      for device in ("cpu", "A100-80GB"))
+    assert on_cpu.optimizer - on_gpu.optimizer == (0 if step_on_gpu else 4 * tensors)
+    if optim.startswith("adamw"):
+        params = estimate("tiny-llama", Plan.from_dict({**knobs, "device": "cpu"})).trainable_params
+        assert on_gpu.optimizer == 8 * params + (4 * tensors if step_on_gpu else 0)
+    assert "host" not in on_gpu.at_peak

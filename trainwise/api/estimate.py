@@ -7,8 +7,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from trainwise.api.compatibility import check_device_support, check_estimate_support
-from trainwise.estimate.extrapolate import (TRACED_BLOCKS, block_count, extrapolate_dataclass,
-                                             should_extrapolate, with_blocks)
+from trainwise.estimate.extrapolate import (TRACED_BLOCKS, CannotSynthesize, block_count, extrapolate_dataclass,
+                                             extrapolated_stacks, same_timeline, should_extrapolate,
+                                             synthesize_trace, with_blocks)
 from trainwise.estimate.memory import MemoryEstimate, memory_from_trace
 from trainwise.hardware import Device, resolve_device
 from trainwise.models import ModelSpec, build_model_with_notes, check_seq_len, example_batch, resolve_model
@@ -31,6 +32,10 @@ class EstimateResult:
     traced_blocks: int | None  # blocks really traced when extrapolated, else None
     total_blocks: int | None
     notes: tuple[str, ...] = field(default=())
+    # How the traced blocks were extrapolated: "repeated" (the 3-block timeline written out
+    # at full depth and replayed), "line" (figures on a line through the 2- and 3-block
+    # results, where the blocks do not repeat cleanly), None when not extrapolated.
+    extrapolation: str | None = None
 
     @property
     def fits(self) -> bool | None:
@@ -47,7 +52,8 @@ class EstimateResult:
                 "device_name": self.device.name, "device_source": self.device.source,
                 "plan": self.plan.to_dict(), "memory": memory, "fits": self.fits,
                 "method": "predicted: traced on fake tensors" + (
-                    f" ({self.traced_blocks[0]} and {self.traced_blocks[1]} of {self.total_blocks} blocks, extrapolated)"
+                    f" ({self.traced_blocks[0]} and {self.traced_blocks[1]} of {self.total_blocks} blocks, extrapolated"
+                    f" by {'repeating blocks' if self.extrapolation == 'repeated' else 'a line'})"
                     if self.traced_blocks else ""),
                 "notes": list(self.notes)}
 
@@ -70,18 +76,20 @@ def estimate(model: str | ModelSpec, plan: Plan | None = None, *, task: str | No
         small_n, large_n = TRACED_BLOCKS
         small, large = (_trace(dataclasses.replace(spec, config=with_blocks(spec.config, n)), plan, device)
                         for n in (small_n, large_n))
-        memory = extrapolate_dataclass(small[1], large[1], small_n, large_n, blocks)
-        memory = _at_least_allocated(_peak_from_phases(memory))
+        memory, extrapolation = _repeated_blocks(small[0], large[0], blocks, device), "repeated"
+        if memory is None:
+            memory, extrapolation = extrapolate_dataclass(small[1], large[1], small_n, large_n, blocks), "line"
+            memory = _at_least_allocated(_peak_from_phases(memory))
         params = _extrapolate_count(small[0].params, large[0].params, small_n, large_n, blocks)
         trainable = _extrapolate_count(small[0].trainable_params, large[0].trainable_params, small_n, large_n, blocks)
         trace, notes, traced = large[0], large[2], (small_n, large_n)
     else:
         trace, memory, notes = _trace(spec, plan, device)
-        params, trainable, traced = trace.params, trace.trainable_params, None
+        params, trainable, traced, extrapolation = trace.params, trace.trainable_params, None, None
     return EstimateResult(model=spec.name, task=spec.task, params=params, trainable_params=trainable,
                           device=device, plan=plan, memory=memory,
                           activations_by_module=_activations_by_module(trace), traced_blocks=traced,
-                          total_blocks=blocks, notes=tuple(notes))
+                          total_blocks=blocks, notes=tuple(notes), extrapolation=extrapolation)
 
 
 def _trace(spec: ModelSpec, plan: Plan, device: Device) -> tuple[StepTrace, MemoryEstimate, tuple[str, ...]]:
@@ -90,6 +98,20 @@ def _trace(spec: ModelSpec, plan: Plan, device: Device) -> tuple[StepTrace, Memo
     batch_fn = lambda: example_batch(spec, plan.batch_size, plan.seq_len, device="cpu")  # noqa: E731
     trace = trace_training_step(built.model, batch_fn, plan, device.kind, task=spec.task)
     return trace, memory_from_trace(trace, device), tuple(built.notes)
+
+
+def _repeated_blocks(small: StepTrace, large: StepTrace, blocks: int, device: Device) -> MemoryEstimate | None:
+    """Memory of the full-depth timeline synthesised from the 3-block trace, or None when
+    the blocks do not repeat cleanly: shrunk to 2 blocks, the synthesis must reproduce
+    the 2-block trace exactly (trainwise/estimate/extrapolate.py)."""
+    stacks = extrapolated_stacks(small, large)
+    try:
+        if not same_timeline(synthesize_trace(large, stacks, TRACED_BLOCKS[0], small), small):
+            return None
+        full = synthesize_trace(large, stacks, blocks, small)
+    except CannotSynthesize:
+        return None
+    return memory_from_trace(full, device)
 
 
 def _peak_from_phases(memory: MemoryEstimate) -> MemoryEstimate:

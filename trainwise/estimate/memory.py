@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 from dataclasses import dataclass, field
 
 from trainwise.estimate.anatomy import replay
-from trainwise.estimate.caching_allocator import CachingAllocatorModel, round_block_size, simulate
+from trainwise.estimate.caching_allocator import AllocatorStats, CachingAllocatorModel, round_block_size
 from trainwise.hardware import Device
 from trainwise.trace.recorder import ALLOC
 from trainwise.trace.step_trace import StepTrace
@@ -44,8 +46,8 @@ class MemoryEstimate:
     peak_module: str
     at_peak: dict[str, int] = field(default_factory=dict)
     # Peak allocated bytes within each phase of the step (forward, backward, optimizer...).
-    # Each is affine in the number of blocks even when the overall peak moves between
-    # phases as blocks are added, which is what block extrapolation relies on.
+    # When block extrapolation falls back to a line, it takes the largest of the
+    # extrapolated phase peaks, as the phase holding the peak can change with depth.
     phase_peaks: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict:
@@ -58,6 +60,7 @@ class MemoryEstimate:
 def memory_from_trace(trace: StepTrace, device: Device) -> MemoryEstimate:
     """Apply the device's allocator and fixed overheads to the traced step."""
     if device.is_cuda:
+        trace = _device_resident(trace)
         workspace = CUBLAS_HANDLES_PER_STEP * device.cublas_workspace_bytes
         extra = [("workspace", device.cublas_workspace_bytes)] * CUBLAS_HANDLES_PER_STEP
         anatomy = replay(trace, round_block_size, extra)
@@ -88,18 +91,43 @@ def _phase_slices(trace: StepTrace):
     return [(name, start, end) for (name, start), end in zip(starts, ends)]
 
 
+def _device_resident(trace: StepTrace) -> StepTrace:
+    """The trace without the storages a GPU step keeps in host memory (see
+    StorageRecord.host_resident): their events are dropped (event indices shift to match)
+    and their category becomes "host", which no device figure counts."""
+    records = trace.records
+    dropped = [i for i, (_, key) in enumerate(trace.events) if records[key].host_resident]
+    if not dropped:
+        return trace
+    gone = set(dropped)
+
+    def moved(index: int) -> int:
+        return index - bisect.bisect_left(dropped, index)
+
+    return dataclasses.replace(
+        trace, events=[e for i, e in enumerate(trace.events) if i not in gone],
+        event_blocks=[b for i, b in enumerate(trace.event_blocks) if i not in gone],
+        records=[dataclasses.replace(r, category="host") if r.host_resident else r for r in records],
+        window_start=moved(trace.window_start),
+        phase_starts=[(name, moved(start)) for name, start in trace.phase_starts])
+
+
 def _allocator_phase_peaks(trace: StepTrace, extra):
-    """Peak allocated per phase from the caching-allocator model, and its final stats."""
+    """Peak allocated per phase from the caching-allocator model, and its stats for the
+    whole trace (one pass)."""
     events = _allocator_events(trace, extra)
     offset = len(extra)  # the workspace allocations come first
     model = CachingAllocatorModel()
     model.simulate(events[:offset + trace.window_start])
+    overall = model.peak_allocated
     peaks: dict[str, int] = {}
     for name, start, end in _phase_slices(trace):
         model.peak_allocated = model.allocated  # like torch.cuda.reset_peak_memory_stats()
         model.simulate(events[offset + start:offset + end])
         peaks[name] = max(peaks.get(name, 0), model.peak_allocated)
-    stats = simulate(events)
+        overall = max(overall, model.peak_allocated)
+    stats = AllocatorStats(peak_allocated=overall, peak_reserved=model.peak_reserved, allocated=model.allocated,
+                           reserved=model.reserved, segments=model.segments)
     return peaks, stats
 
 

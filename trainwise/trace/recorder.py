@@ -10,6 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from trainwise.trace.blocks import NO_BLOCK, BlockTracker
 from trainwise.trace.module_scope import ModuleScope
 
 ALLOC, FREE = "alloc", "free"
@@ -26,23 +27,34 @@ class StorageRecord:
     op: str
     saved_in: set[str] = field(default_factory=set)  # phases in which autograd saved it
     category: str = "temporary"
+    owner: int = NO_BLOCK  # the repeated block it belongs to (an index of StepTrace.blocks)
+    # Kept in host memory even when the parameters are on an accelerator (see step_trace.py).
+    host_resident: bool = False
 
 
 class AllocationRecorder(TorchDispatchMode):
     """A dispatch mode that sees every op's outputs and turns new storages into alloc events;
     a weak reference on each storage turns its death into a free event. Autograd's
-    saved-tensor hook marks storages kept for backward."""
+    saved-tensor hook marks storages kept for backward.
 
-    def __init__(self, scope: ModuleScope):
+    Each event also notes the repeated block whose work it was (`event_blocks`, see
+    BlockTracker.context), and each storage the block it belongs to (`owner`): the block
+    whose work made it or, outside any block's work (optimizer, the model's head), the
+    one block of the storages it was computed from."""
+
+    def __init__(self, scope: ModuleScope, blocks: BlockTracker | None = None):
         super().__init__()
         self.scope = scope
+        self.blocks = blocks
         self.phase = "setup"
         self.events: list[tuple[str, int]] = []  # (ALLOC|FREE, storage key), program order
+        self.event_blocks: list[int] = []  # block whose work each event was, or NO_BLOCK
         self.records: list[StorageRecord] = []
         self._live: dict[int, int] = {}  # id(storage object) -> key
         self._weakrefs: dict[int, weakref.ref] = {}
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._on_save, _identity)
         self._existence_answers: weakref.WeakSet = weakref.WeakSet()
+        self._recording = False
 
     def bool_read_answer(self, tensor: torch.Tensor) -> bool:
         """A fake boolean has no value, but model code branches on some. The batch a trace
@@ -58,51 +70,98 @@ class AllocationRecorder(TorchDispatchMode):
                 return self.bool_read_answer(args[0])
             return _stand_in_scalar(args[0].dtype)
         out = func(*args, **(kwargs or {}))
+        outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         if func.overloadpacket in _EXISTENCE_QUESTIONS:
-            self._existence_answers.update(t for t in tree_leaves(out) if isinstance(t, torch.Tensor))
-        for tensor in tree_leaves(out):
-            if isinstance(tensor, torch.Tensor):
-                self.track(tensor, op=func.__name__)
+            self._existence_answers.update(outputs)
+        block = self._current_block()
+        if block == NO_BLOCK and self.phase in _OWNED_BY_INPUTS and outputs:
+            owners = self._owners_from_inputs(func, args, kwargs, outputs)
+            for tensor, owner in zip(outputs, owners):
+                self.track(tensor, op=func.__name__, owner=owner)
+        else:
+            for tensor in outputs:
+                self.track(tensor, op=func.__name__, owner=block)
         return out
 
     def __enter__(self):
+        self._recording = True
         self._saved_hooks.__enter__()
         return super().__enter__()
 
     def __exit__(self, *exc):
         super().__exit__(*exc)
         self._saved_hooks.__exit__(*exc)
+        # The model and optimizer die after the trace: their frees are not part of the step.
+        self._recording = False
 
     # -------------------------------------------------------------- storages
-    def track(self, tensor: torch.Tensor, op: str = "") -> int | None:
-        """Key of the tensor's storage, recording an allocation if it is new."""
+    def track(self, tensor: torch.Tensor, op: str = "", owner: int | None = None) -> int | None:
+        """Key of the tensor's storage, recording an allocation if it is new (owned by
+        `owner`, by default the block whose work is being done)."""
         storage = tensor.untyped_storage()
         sid = id(storage)
         key = self._live.get(sid)
         nbytes = storage.nbytes()
         if key is not None:
             if nbytes != self.records[key].nbytes:  # resized in place (resize_, set_)
-                self.events.append((FREE, key))
+                self._event(FREE, key)
                 self.records[key].nbytes = nbytes
-                self.events.append((ALLOC, key))
+                self._event(ALLOC, key)
             return key
         if nbytes == 0:
             return None
         key = len(self.records)
-        self.records.append(StorageRecord(key, nbytes, self.phase, self.scope.current, op))
+        owner = self._current_block() if owner is None else owner
+        self.records.append(StorageRecord(key, nbytes, self.phase, self.scope.current, op, owner=owner))
         self._live[sid] = key
         self._weakrefs[key] = weakref.ref(storage, partial(self._on_free, sid, key))
-        self.events.append((ALLOC, key))
+        self._event(ALLOC, key)
         return key
 
     def key_of(self, tensor: torch.Tensor) -> int | None:
         return self._live.get(id(tensor.untyped_storage()))
 
+    def set_owners(self, tensors_and_blocks) -> None:
+        """Say which block already-tracked storages belong to (parameters are created
+        before any block runs), from (tensor, block) pairs. A storage claimed by two
+        blocks (a weight shared between layers) belongs to none."""
+        claims: dict[int, set[int]] = {}
+        for tensor, block in tensors_and_blocks:
+            key = self.key_of(tensor)
+            if key is not None:
+                claims.setdefault(key, set()).add(block)
+        for key, blocks in claims.items():
+            self.records[key].owner = blocks.pop() if len(blocks) == 1 else NO_BLOCK
+
+    def _current_block(self) -> int:
+        return self.blocks.context if self.blocks is not None else NO_BLOCK
+
+    def _event(self, kind: str, key: int) -> None:
+        self.events.append((kind, key))
+        self.event_blocks.append(self._current_block())
+
+    def _owner_of(self, tensor) -> int:
+        key = self._live.get(id(tensor.untyped_storage())) if isinstance(tensor, torch.Tensor) else None
+        return NO_BLOCK if key is None else self.records[key].owner
+
+    def _owners_from_inputs(self, func, args, kwargs, outputs) -> list[int]:
+        """Owners of an op's new outputs outside any block: a multi-tensor (foreach) op's
+        i-th output belongs with its i-th input; any other op's outputs with the one block
+        its inputs belong to, if they belong to one."""
+        first = args[0] if args else None
+        if func.__name__.startswith("_foreach_") and isinstance(first, (list, tuple)) and len(first) == len(outputs):
+            return [self._owner_of(t) for t in first]
+        owners = {self._owner_of(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        owners.discard(NO_BLOCK)
+        owner = owners.pop() if len(owners) == 1 else NO_BLOCK
+        return [owner] * len(outputs)
+
     def _on_free(self, sid: int, key: int, _ref) -> None:
         if self._live.get(sid) == key:
             del self._live[sid]
         self._weakrefs.pop(key, None)
-        self.events.append((FREE, key))
+        if self._recording:
+            self._event(FREE, key)
 
     def _on_save(self, tensor: torch.Tensor):
         key = self.track(tensor, op="saved")
@@ -113,6 +172,10 @@ class AllocationRecorder(TorchDispatchMode):
 
 _SCALAR_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
 _EXISTENCE_QUESTIONS = (torch.ops.aten.any,)
+# Phases in which a new storage made outside any block's work belongs to the block of the
+# storages it was computed from (optimizer state and temporaries; the model's head, on the
+# last block's output). Not "data": the batch belongs to no block.
+_OWNED_BY_INPUTS = ("setup", "forward", "backward", "optimizer", "zero_grad")
 
 
 def _stand_in_scalar(dtype: torch.dtype):

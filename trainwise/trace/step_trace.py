@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -13,6 +13,7 @@ from trainwise.plan.plan import Plan
 from trainwise.step import build_optimizer, compute_loss, precision_policy
 from trainwise.step.precision import PrecisionPolicy
 from trainwise.trace.autocast_policy import autocast_for_target, cuda_autocast_kernels
+from trainwise.trace.blocks import BlockTracker
 from trainwise.trace.fake_model import materialize_fake
 from trainwise.trace.module_scope import ModuleScope
 from trainwise.trace.moe_kernels import traceable_experts
@@ -29,7 +30,11 @@ class StepTrace:
     `events` are (alloc|free, storage key) pairs; `records[key]` says how big each storage
     was, which phase and module created it and its category. Events before `window_start`
     set up the state the measured step starts from (weights, optimizer state); peaks are
-    read from the window only, as a long training run's peak is a steady-state step's."""
+    read from the window only, as a long training run's peak is a steady-state step's.
+
+    `blocks` lists the repeated blocks of the model as (stack name, position);
+    `event_blocks[i]` is the block running at event i (-1: none) and `records[key].owner`
+    the block a storage belongs to (see trainwise/trace/blocks.py)."""
 
     events: list[tuple[str, int]]
     records: list[StorageRecord]
@@ -39,6 +44,8 @@ class StepTrace:
     trainable_params: int
     micro_steps_traced: int
     target_device_type: str
+    event_blocks: list[int] = field(default_factory=list)
+    blocks: list[tuple[str, int]] = field(default_factory=list)
 
 
 def trace_training_step(model: nn.Module, batch_fn, plan: Plan, target_device_type: str,
@@ -55,21 +62,28 @@ def trace_training_step(model: nn.Module, batch_fn, plan: Plan, target_device_ty
     params = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     scope = ModuleScope(model)
-    recorder = AllocationRecorder(scope)
+    blocks = BlockTracker(model)
+    recorder = AllocationRecorder(scope, blocks)
     with traceable_experts(), fake_tensors_are_not_tracing(), FakeTensorMode(allow_non_fake_inputs=False), \
-            scope, recorder:
+            scope, blocks, recorder:
         materialize_fake(model, "cpu")
         for tensor in [*model.parameters(), *model.buffers()]:
             recorder.track(tensor, op="weights")
+        recorder.set_owners((tensor, block) for block, module in enumerate(blocks.modules)
+                            for tensor in [*module.parameters(), *module.buffers()])
         optimizer = _traced_optimizer(plan, model, target_device_type)
         _create_optimizer_state(model, optimizer)
+        # State a parameter's optimizer made without reading it (step counters) is its too.
+        block_of = {id(p): block for block, module in enumerate(blocks.modules) for p in module.parameters()}
+        recorder.set_owners((t, block_of[id(p)]) for p, state in optimizer.state.items() if id(p) in block_of
+                            for t in state.values() if isinstance(t, torch.Tensor))
         micro_steps = min(plan.grad_accum, 2)  # later micro-steps repeat the second exactly
         window_start = len(recorder.events)
         phase_starts = _run_step(model, optimizer, batch_fn, plan, policy, recorder, micro_steps,
                                  target_device_type)
         _categorise(model, optimizer, recorder)
     return StepTrace(recorder.events, recorder.records, window_start, phase_starts, params, trainable,
-                     micro_steps, target_device_type)
+                     micro_steps, target_device_type, recorder.event_blocks, blocks.blocks)
 
 
 def _traced_optimizer(plan: Plan, model: nn.Module, target_device_type: str) -> torch.optim.Optimizer:
@@ -97,6 +111,8 @@ def _run_step(model, optimizer, batch_fn, plan: Plan, policy: PrecisionPolicy, r
 
     def enter(phase):
         recorder.phase = phase
+        if recorder.blocks is not None:
+            recorder.blocks.reset()
         phase_starts.append((phase, len(recorder.events)))
 
     loss_scale = 2.0**16 if policy.loss_scaling else None
@@ -132,6 +148,8 @@ def _categorise(model: nn.Module, optimizer: torch.optim.Optimizer, recorder: Al
     weights = {recorder.key_of(t) for t in model.parameters()}
     buffers = {recorder.key_of(t) for t in model.buffers()} - weights
     state = {recorder.key_of(t) for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)}
+    for key in _host_step_counters(optimizer, recorder):
+        recorder.records[key].host_resident = True
     for record in recorder.records:
         if record.key in weights:
             record.category = "weights"
@@ -143,3 +161,22 @@ def _categorise(model: nn.Module, optimizer: torch.optim.Optimizer, recorder: Al
             record.category = "gradients"
         elif "forward" in record.saved_in:
             record.category = "activations"
+
+
+def _host_step_counters(optimizer: torch.optim.Optimizer, recorder: AllocationRecorder) -> set[int]:
+    """Keys of per-parameter step counters that live in host memory whatever the device.
+
+    torch.optim's AdamW keeps `state["step"]` on the CPU unless it is fused or capturable
+    (kernel launches for a scalar cost more than a host add), and Adafactor always does;
+    on a GPU they are no device memory. On the CPU they are, so they stay in the trace
+    and only the device's accounting (trainwise/estimate/memory.py) leaves them out."""
+    keys = set()
+    for group in optimizer.param_groups:
+        if group.get("fused") or group.get("capturable"):
+            continue
+        for p in group["params"]:
+            step = optimizer.state.get(p, {}).get("step")
+            if isinstance(step, torch.Tensor):
+                keys.add(recorder.key_of(step))
+    keys.discard(None)
+    return keys
