@@ -4,6 +4,7 @@ trainwise and (the baseline) by the Hugging Face Trainer, measured next to the e
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import tempfile
 import warnings
@@ -69,14 +70,15 @@ def bench(model: str | None = None, ladder: str | None = None, *, steps: int = 1
     try:
         with tempfile.TemporaryDirectory(prefix="trainwise-bench-") as scratch:
             for rung in rungs:
-                predicted: list = []  # the rung's estimate, made once and only if a row runs
+                # The rung's estimate: made once, and only if one of its rows runs.
+                predicted = functools.cache(lambda plan=rung.plan: _predicted(model, plan, task))
                 for engine in engines:
                     earlier = results.get((rung.name, engine))
                     if earlier and earlier["status"] in FINISHED:
                         continue
                     job = RowJob(rung.name, rung.plan, engine, model, steps, TIMING_WARMUP_STEPS, seed, task,
                                  Path(scratch), timeout_s)
-                    row = _run(job, device_type, predicted)
+                    row = _run(job, predicted)
                     row["model"] = model
                     results[(rung.name, engine)] = row
                     save_results(out, _in_order(results, order))
@@ -89,14 +91,12 @@ def bench(model: str | None = None, ladder: str | None = None, *, steps: int = 1
     return rows
 
 
-def _run(job: RowJob, device_type: str, predicted: list) -> dict:
+def _run(job: RowJob, predicted: Callable[[], tuple]) -> dict:
     """One row: skipped up front when this machine cannot run it, else run in a fresh process."""
     reason = _cannot_run_here(job.plan)
     if reason:
         return empty_row(job.name, row_plan(job.plan), job.engine, "skipped", reason)
-    if not predicted:
-        predicted.append(_predicted(job.model, job.plan, job.task))
-    estimate_memory, note = predicted[0]
+    estimate_memory, note = predicted()
     row = run_row(job, estimate_memory)
     if note:
         row["notes"].append(note)
@@ -153,7 +153,8 @@ def _save_summaries(rows: list[dict], out: Path, model: str, ladder: str, steps:
                     base_knobs: dict, device_type: str) -> None:
     save_chart(rows, out / "chart.png", f"{model}: {Path(ladder).stem} ladder, {steps} steps per row "
                                          f"on {_device_name(device_type)}")
-    flags = "".join(f" --{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in base_knobs.items())
+    flags = "".join(f" --{k.replace('_', '-')}" + ("" if v is True else f" {v}")
+                    for k, v in base_knobs.items() if v is not False)
     command = f"trainwise bench {model} --ladder {ladder} --steps {steps}{flags}" + (
         f" --device {device}" if device else "")
     atomic_write_text(out / "results.md", results_markdown(rows, command, _device_name(device_type)))

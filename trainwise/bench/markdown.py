@@ -7,48 +7,67 @@ import platform
 
 from trainwise.plan.units import human_bytes
 
-HEADER = ("row", "engine", "status", "time (s)", "samples/s", "tokens/s", "MFU",
-          "peak alloc measured", "peak alloc predicted", "error",
-          "peak reserved measured", "peak reserved predicted",
-          "device total measured", "device total predicted", "error", "samples/s vs HF Trainer")
-
 
 def results_markdown(rows: list[dict], command: str, device: str) -> str:
     import torch
     import transformers
 
+    columns = _columns(rows)
     lines = [f"# bench on {device}", "",
              f"Command: `{command}`", "",
              f"Versions: Python {platform.python_version()}, torch {torch.__version__}, "
              f"transformers {transformers.__version__}; {platform.platform()}", "",
-             "Times and rates are measured with the warm-up step left out. Memory is measured and "
-             "predicted (`trainwise estimate` for the same plan); error = (predicted - measured) / measured. "
-             "n/a: the device reports no such figure.", "",
-             "| " + " | ".join(HEADER) + " |",
-             "|" + "|".join("---" if i < 3 else "---:" for i in range(len(HEADER))) + "|"]
-    baseline = {r["name"]: r for r in rows if r["engine"] == "hf-trainer"}
-    lines += [_line(row, baseline.get(row["name"])) for row in rows]
+             "Times and rates are measured, leaving out the warm-up step (and, on a CPU, the step whose "
+             "memory is profiled). Memory is measured and predicted (`trainwise estimate` for the same plan); "
+             "error = (predicted - measured) / measured. n/a: no such figure.", "",
+             "| " + " | ".join(header for header, _ in columns) + " |",
+             "|" + "|".join("---" if i < 3 else "---:" for i in range(len(columns))) + "|"]
+    lines += ["| " + " | ".join(cell(row) for _, cell in columns) + " |" for row in rows]
     methods = sorted({r["memory_method"] for r in rows if r.get("memory_method")})
     notes = sorted({n for r in rows for n in r.get("notes") or []})
-    lines += [""] + [f"Memory measured by: {m}" for m in methods] + [f"Note: {n}" for n in notes] + [""]
-    return "\n".join(lines)
+    lines += [""] + [f"Memory measured by: {m}" for m in methods] + [f"Note: {n}" for n in notes]
+    if not any(r["measured"].get("device_total") is not None for r in rows):
+        lines.append("Peak reserved and device total are not shown: this device has no allocator cache "
+                     "or context to measure.")
+    return "\n".join(lines + [""])
 
 
-def _line(row: dict, baseline: dict | None) -> str:
-    measured, predicted, error = row["measured"], row["predicted"], row["error_pct"]
-    ratio = ""
-    if row["engine"] == "trainwise" and baseline and row.get("samples_per_s") and baseline.get("samples_per_s"):
-        ratio = f"{row['samples_per_s'] / baseline['samples_per_s']:.2f}x"
+def _columns(rows: list[dict]) -> list[tuple]:
+    """(header, row -> cell) for each column; figures no row measured are left out."""
+    baseline = {r["name"]: r for r in rows if r["engine"] == "hf-trainer"}
+    columns = [("row", lambda r: r["name"]), ("engine", lambda r: r["engine"]), ("status", _status),
+               ("time (s)", lambda r: _num(r.get("time_s"), ".1f")),
+               ("samples/s", lambda r: _num(r.get("samples_per_s"), ",.1f")),
+               ("tokens/s", lambda r: _num(r.get("tokens_per_s"), ",.0f"))]
+    if any(r.get("mfu") is not None for r in rows):
+        columns.append(("MFU", lambda r: f"{100 * r['mfu']:.1f} %" if r.get("mfu") is not None else "n/a"))
+    columns += _memory_columns("peak alloc", "peak_allocated", with_error=True)
+    if any(r["measured"].get("peak_reserved") is not None for r in rows):
+        columns += _memory_columns("peak reserved", "peak_reserved", with_error=False)
+    if any(r["measured"].get("device_total") is not None for r in rows):
+        columns += _memory_columns("device total", "device_total", with_error=True)
+    if baseline:
+        columns.append(("samples/s vs HF Trainer", lambda r: _ratio(r, baseline.get(r["name"]))))
+    return columns
+
+
+def _memory_columns(label: str, key: str, with_error: bool) -> list[tuple]:
+    columns = [(f"{label} measured", lambda r: _bytes(r["measured"].get(key))),
+               (f"{label} predicted", lambda r: _bytes(r["predicted"].get(key)))]
+    if with_error:
+        columns.append((f"{label} error", lambda r: _pct(r["error_pct"].get(key))))
+    return columns
+
+
+def _status(row: dict) -> str:
     status = row["status"] + (f": {row['reason']}" if row["status"] != "ok" and row.get("reason") else "")
-    cells = [row["name"], row["engine"], status.replace("|", "/"), _num(row.get("time_s"), ".1f"),
-             _num(row.get("samples_per_s"), ",.1f"), _num(row.get("tokens_per_s"), ",.0f"),
-             f"{100 * row['mfu']:.1f} %" if row.get("mfu") is not None else "n/a",
-             _bytes(measured.get("peak_allocated")), _bytes(predicted.get("peak_allocated")),
-             _pct(error.get("peak_allocated")),
-             _bytes(measured.get("peak_reserved")), _bytes(predicted.get("peak_reserved")),
-             _bytes(measured.get("device_total")), _bytes(predicted.get("device_total")),
-             _pct(error.get("device_total")), ratio]
-    return "| " + " | ".join(cells) + " |"
+    return status.replace("|", "/")
+
+
+def _ratio(row: dict, baseline: dict | None) -> str:
+    if row["engine"] != "trainwise" or not (baseline and row.get("samples_per_s") and baseline.get("samples_per_s")):
+        return ""
+    return f"{row['samples_per_s'] / baseline['samples_per_s']:.2f}x"
 
 
 def _bytes(value) -> str:

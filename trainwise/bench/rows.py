@@ -41,7 +41,7 @@ def error_pct(predicted, measured) -> float | None:
     """(predicted - measured) / measured in %, None when either is missing."""
     if predicted is None or not measured:
         return None
-    return round(100.0 * (predicted - measured) / measured, 2)
+    return round(100.0 * (predicted - measured) / measured, 2) + 0.0  # + 0.0: no "-0.0" in the files
 
 
 def read_summary(metrics: Path) -> dict | None:

@@ -12,7 +12,8 @@ def render_row(row: dict, console: Console) -> None:
     """One progress line as each row finishes."""
     figures = ""
     if row["status"] == "ok":
-        figures = f"{_num(row.get('samples_per_s'), ',.1f')} samples/s, peak {_bytes(row['measured'].get('peak_allocated'))}"
+        figures = (f"{_num(row.get('samples_per_s'), ',.1f')} samples/s, "
+                   f"peak {_bytes(row['measured'].get('peak_allocated'))} (measured)")
     console.print(f"{row['status']:<8} {row['engine']:<10} {row['name']:<24} {figures}{row.get('reason') or ''}",
                   highlight=False, markup=False)
 
