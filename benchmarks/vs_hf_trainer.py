@@ -1,0 +1,111 @@
+"""trainwise against the `transformers` Trainer: same model, data, knobs and step count.
+
+Each engine trains in its own fresh process (as `trainwise bench` runs its rows), and the
+runs alternate A B B A ... so slow drift of a shared machine hits both engines alike. The
+ratios are of medians over the repeats, measured side by side in this one launch:
+
+    python benchmarks/vs_hf_trainer.py                       # the case sized for this machine
+    python benchmarks/vs_hf_trainer.py --case bert-large     # a named case (GPU)
+    python benchmarks/vs_hf_trainer.py tiny-llama --batch-size 8 --seq-len 256 --steps 30
+
+Prints one JSON line per run and a last line with `samples_per_s_ratio` (trainwise /
+Trainer, > 1 means trainwise is faster) and `peak_memory_ratio` (trainwise / Trainer peak
+allocated, < 1 means trainwise needs less). Exits 1 when trainwise is slower than the
+Trainer (ratio < 1.0) or needs more memory than it (ratio > 1.01: "equal memory" allows
+1 %, a few tens of KiB on the CPU case, where both engines hold the same tensors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import transformers
+
+from trainwise.bench.runner import RowJob, run_row
+from trainwise.cli.flags import add_knob_flags, plan_from_args, typed_values
+from trainwise.plan.plan import Plan
+
+# Named cases: (model, knobs). The GPU ones are the issue's: bert-large-uncased at seq 512
+# (the classic single-GPU example) and a ~1B Llama-style decoder in bf16.
+CASES = {
+    "cpu": ("tiny-llama", {"batch_size": 8, "seq_len": 256, "device": "cpu"}),
+    "bert-large": ("bert-large-uncased", {"batch_size": 8, "seq_len": 512, "precision": "bf16", "device": "cuda",
+                                          "optim": "adamw-fused"}),
+    "llama-1b": ("Llama-3.2-1B", {"batch_size": 4, "seq_len": 2048, "precision": "bf16", "device": "cuda",
+                                  "optim": "adamw-fused", "grad_ckpt": True}),
+}
+ENGINES = ("trainwise", "hf-trainer")
+EQUAL_MEMORY = 1.01
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", nargs="?", default=None, help="catalog model (default: the case's)")
+    parser.add_argument("--case", choices=sorted(CASES), default=None,
+                        help="named case (default: cpu without a GPU, bert-large with one)")
+    parser.add_argument("--steps", type=int, default=30, help="optimizer steps per run")
+    parser.add_argument("--warmup", type=int, default=3, help="steps per run left out of the timing")
+    parser.add_argument("--repeats", type=int, default=2, help="runs per engine (alternated)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
+    add_knob_flags(parser)
+    args = parser.parse_args(argv)
+    case = args.case or ("bert-large" if torch.cuda.is_available() else "cpu")
+    model, case_knobs = CASES[case]
+    typed = plan_from_args(args)  # validates the typed flags
+    plan = Plan.from_dict({**case_knobs, **{k: getattr(typed, k) for k in typed_values(args, Plan.specs())}})
+    model = args.model or model
+
+    runs: dict[str, list[dict]] = {engine: [] for engine in ENGINES}
+    with tempfile.TemporaryDirectory(prefix="vs-hf-trainer-") as scratch:
+        for engine in _alternating(args.repeats):
+            job = RowJob(engine, plan, engine, model, args.steps, args.warmup, 0, None,
+                         Path(scratch), args.timeout)
+            row = run_row(job)
+            runs[engine].append(row)
+            print(json.dumps({"engine": engine, "status": row["status"], "reason": row.get("reason"),
+                              "samples_per_s": row.get("samples_per_s"), "mfu": row.get("mfu"),
+                              "peak_allocated": row["measured"].get("peak_allocated")}), flush=True)
+    failed = [r for rows in runs.values() for r in rows if r["status"] != "ok"]
+    if failed:
+        print(json.dumps({"error": f"{failed[0]['engine']}: {failed[0]['status']}: {failed[0].get('reason')}"}))
+        return 1
+    speed = {e: statistics.median(r["samples_per_s"] for r in runs[e]) for e in ENGINES}
+    memory = {e: statistics.median(r["measured"]["peak_allocated"] for r in runs[e]) for e in ENGINES}
+    mfu = {e: _median_or_none([r.get("mfu") for r in runs[e]]) for e in ENGINES}
+    result = {
+        "case": case, "model": model, "plan": plan.changed_knobs(), "steps": args.steps, "repeats": args.repeats,
+        "samples_per_s_ratio": round(speed["trainwise"] / speed["hf-trainer"], 3),
+        "peak_memory_ratio": round(memory["trainwise"] / memory["hf-trainer"], 3),
+        "samples_per_s": speed, "peak_allocated_bytes": memory, "mfu": mfu,
+        "measured_with": "medians of fresh-process runs; samples/s leave out warm-up steps",
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "python": platform.python_version()},
+        "device": torch.cuda.get_device_name(0) if plan.device != "cpu" and torch.cuda.is_available()
+        else platform.processor() or "cpu",
+    }
+    print(json.dumps(result))
+    return 0 if result["samples_per_s_ratio"] >= 1.0 and result["peak_memory_ratio"] <= EQUAL_MEMORY else 1
+
+
+def _alternating(repeats: int) -> list[str]:
+    """A B B A A B ...: each engine runs as often first as second."""
+    order = []
+    for index in range(repeats):
+        order += list(ENGINES if index % 2 == 0 else reversed(ENGINES))
+    return order
+
+
+def _median_or_none(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
