@@ -23,6 +23,9 @@ from trainwise.api.estimate import estimate
 from trainwise.api.oom_advice import oom_message
 from trainwise.engine.data import build_data
 from trainwise.engine.flops import count_training_flops, peak_flops_for
+from trainwise.engine.parallel.apply import check_layout_supported
+from trainwise.engine.parallel.consistency import check_same_settings, settings_of
+from trainwise.engine.parallel.mesh import Distributed, start_distributed
 from trainwise.engine.run import RunOutcome, StepLog, run_training
 from trainwise.engine.run_config import RunConfig
 from trainwise.engine.runtime import runtime_device, seed_everything
@@ -68,19 +71,29 @@ def train(model: str | ModelSpec | nn.Module = "tiny-llama", data: str | Iterabl
     device = runtime_device(plan.device, explicit=device_explicit)
     if plan.device != device.type and not device_explicit:
         plan = plan.replace(device=device.type)
-    if plan.is_distributed or plan.cpu_offload:
-        raise InputError("--nproc", "parallel layouts are not supported yet by train (one device for now)")
+    distributed = start_distributed(plan, device.type)
+    if distributed.mesh is not None:
+        check_layout_supported(plan, distributed)
+        check_same_settings(settings_of(plan, run), distributed)
+        if device.type == "cuda":
+            device = torch.device("cuda", distributed.local_rank)
+        if not distributed.is_main:  # rank 0 alone writes the metrics file
+            run = run.replace(metrics=None)
+    # The same seed on every rank: replicas start equal, and shards are cut from one model.
     seed_everything(run.seed, run.deterministic)
     spec = _spec(model, task, trust_remote_code)
     notes: list[str] = []
-    module, notes_built = _build(model, spec, plan, device)
+    # A model about to be sharded is built in host memory: each rank then holds only its
+    # shards on the device (so ZeRO-3 trains models one device cannot hold whole).
+    build_on = torch.device("cpu") if distributed.layout.zero >= 2 else device
+    module, notes_built = _build(model, spec, plan, build_on)
     notes += notes_built
-    train_data = _data(data, spec, plan, run)
+    train_data = _data(data, spec, plan, run, distributed)
     result = TrainResult(module, plan, run, device, {}, None, "", train_data.description, None, notes)
     capacity = _capacity(device)
     step_seen = {"step": None}
     try:
-        setup = apply_plan(module, plan, device, run.steps, spec.task if spec else None)
+        setup = apply_plan(module, plan, device, run.steps, spec.task if spec else None, distributed)
         result.model = setup.model
         flops, result.mfu_peak = _flops_and_peak(spec, plan, device, notes)
         peak, _ = peak_flops_for(resolve_device(_estimate_device_name(device)), plan.precision)
@@ -144,12 +157,13 @@ class _IterableData:
         return []
 
 
-def _data(data, spec: ModelSpec | None, plan: Plan, run: RunConfig):
+def _data(data, spec: ModelSpec | None, plan: Plan, run: RunConfig, distributed: Distributed):
     if data is not None:
         return _IterableData(data, plan)
     if spec is None:
         raise InputError("data", "a model object needs `data`: an iterable of batch dicts its forward accepts")
-    return build_data(run, spec, plan)
+    # Tensor- and pipeline-parallel peers read the same micro-batches; data-parallel ranks disjoint ones.
+    return build_data(run, spec, plan, rank=distributed.data_rank, world_size=distributed.layout.data_parallel)
 
 
 def _estimate_device_name(device: torch.device) -> str:
@@ -171,7 +185,8 @@ def _flops_and_peak(spec: ModelSpec | None, plan: Plan, device: torch.device, no
     meta = build_model_with_notes(spec, "meta", attention=plan.attention).model
     batch_fn = lambda: example_batch(spec, plan.batch_size, plan.seq_len, device="cpu")  # noqa: E731
     count = count_training_flops(meta, batch_fn, plan, spec.task)
-    return count.total * plan.grad_accum, label
+    # One rank's share: tensor- and pipeline-parallel peers split a replica's work.
+    return count.total * plan.grad_accum // (plan.tp * plan.pp), label
 
 
 def _predicted(spec: ModelSpec | None, plan: Plan, device: torch.device, notes: list[str]) -> dict | None:

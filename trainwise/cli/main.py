@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv
     try:
         args = build_parser().parse_args(argv)
+        args.argv = list(argv)  # what `--nproc N` relaunches under torchrun
         if not getattr(args, "run", None):
             build_parser().print_help()
             return EXIT_BAD_INPUT
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as err:
         if debug:
             raise
-        print(f"trainwise: error: {err}", file=sys.stderr)
+        print(f"trainwise: error: {_rank_prefix()}{err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except OutOfMemory as err:
         print(f"trainwise: error: {err}", file=sys.stderr)
@@ -56,9 +57,18 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        print(f"trainwise: error: {type(err).__name__}: {first_line} (rerun with --debug for a traceback)",
+        print(f"trainwise: error: {_rank_prefix()}{type(err).__name__}: {first_line} "
+              "(rerun with --debug for a traceback)",
               file=sys.stderr)
         return EXIT_ERROR
+
+
+def _rank_prefix() -> str:
+    """"[rank R] " inside a multi-process job, so the failing rank is named."""
+    import os
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return f"[rank {os.environ.get('RANK', '?')}] " if world > 1 else ""
 
 
 def print_json(data) -> None:

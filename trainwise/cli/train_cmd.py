@@ -30,7 +30,13 @@ def register(commands) -> None:
 def run(args) -> int:
     from rich.console import Console
 
+    import os
+
     from trainwise.api.training import train
+    from trainwise.engine.parallel.launch import launch_local, should_launch
+    from trainwise.engine.parallel.mesh import stop_distributed
+    from trainwise.models import resolve_model
+    from trainwise.plan.layout import resolve_layout
     from trainwise.cli.render_train import StepProgress, render_header, render_summary
     from trainwise.plan import load_plan_file
 
@@ -40,13 +46,21 @@ def run(args) -> int:
         chosen = {**from_file, **typed_values(args, plan.specs())}
         plan = plan.replace(**{k: v for k, v in DEMO_KNOBS.items() if k not in chosen})
     run_config = RunConfig.from_dict(typed_values(args, RunConfig.specs()))
+    if should_launch(plan.nproc):
+        # Bad input fails here, once, with exit 2, before any worker starts.
+        resolve_layout(plan, plan.nproc)
+        resolve_model(args.model or DEFAULT_MODEL, task=args.task, trust_remote_code=args.trust_remote_code)
+        return launch_local(plan.nproc, args.argv)
     # With no --device anywhere, train on what is here (the Plan's default names CUDA).
     explicit = "device" in vars(args) or "device" in from_file
-    console = Console()
+    console = Console(quiet=int(os.environ.get("RANK", "0")) != 0)  # rank 0 speaks for the job
     progress = StepProgress(console, run_config.steps)
-    with progress:
-        result = train(args.model or DEFAULT_MODEL, plan=plan, run=run_config, task=args.task,
-                       trust_remote_code=args.trust_remote_code, device_explicit=explicit,
-                       on_ready=lambda r: render_header(r, console), on_step=progress)
+    try:
+        with progress:
+            result = train(args.model or DEFAULT_MODEL, plan=plan, run=run_config, task=args.task,
+                           trust_remote_code=args.trust_remote_code, device_explicit=explicit,
+                           on_ready=lambda r: render_header(r, console), on_step=progress)
+    finally:
+        stop_distributed()
     render_summary(result, console)
     return 0

@@ -6,6 +6,7 @@ device sync, measure memory, write the metrics file, save and export atomically.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from trainwise.engine.checkpoint import TrainingState, latest_checkpoint, restore_checkpoint, save_checkpoint
 from trainwise.engine.evaluate import evaluate
@@ -81,8 +83,10 @@ def run_training(setup: TrainingSetup, data, plan: Plan, run: RunConfig, *, flop
     batches = _CountingIterator(iter(data.micro_batches(start=state.micro_batches_consumed)),
                                 state.micro_batches_consumed)
     eval_batches = data.eval_batches(run.eval_batches) if run.eval_every else []
-    samples_per_step = plan.batch_size * plan.grad_accum
-    tokens_per_step = data.tokens_per_micro_batch * plan.grad_accum
+    # Throughput of the whole job: every data-parallel rank trains its own micro-batches.
+    replicas = setup.distributed.layout.data_parallel if setup.distributed is not None else 1
+    samples_per_step = plan.batch_size * plan.grad_accum * replicas
+    tokens_per_step = data.tokens_per_micro_batch * plan.grad_accum * replicas
     warmup = run.timing_warmup if run.timing_warmup is not None else (2 if plan.compile else 1)
     probe_step = run.steps - 1  # CPU memory is profiled on the last step (it runs slower)
     probe = MemoryProbe(setup.device, probe_step=probe_step)
@@ -124,7 +128,7 @@ def run_training(setup: TrainingSetup, data, plan: Plan, run: RunConfig, *, flop
     exports = {}
     if run.output and state.step > started:
         checkpoint = _save(run, state, setup, plan)
-        exports = export_final(run.output, setup.model)
+        exports = _export(run, setup, checkpoint)
     elif run.output:
         checkpoint = latest_checkpoint(run.output)
     memory = probe.snapshot()
@@ -137,6 +141,20 @@ def run_training(setup: TrainingSetup, data, plan: Plan, run: RunConfig, *, flop
     return RunOutcome(state.step, started, final_loss, summary, checkpoint, exports, eval_loss)
 
 
+def _distributed(setup: TrainingSetup) -> bool:
+    return setup.distributed is not None and setup.distributed.mesh is not None
+
+
+def _export(run: RunConfig, setup: TrainingSetup, checkpoint: Path) -> dict:
+    """The final weights as a Hugging Face directory (rank 0 writes it; a distributed run
+    exports from its reshardable checkpoint)."""
+    if not _distributed(setup):
+        return export_final(run.output, setup.model)
+    from trainwise.engine.parallel.distributed_checkpoint import export_from_distributed
+
+    return export_from_distributed(run.output, checkpoint, setup)
+
+
 def _resume_state(setup: TrainingSetup, run: RunConfig, plan: Plan) -> TrainingState:
     fresh = TrainingState(step=0, micro_batches_consumed=0, skipped_steps=0, extra={})
     if not run.resume:
@@ -146,6 +164,10 @@ def _resume_state(setup: TrainingSetup, run: RunConfig, plan: Plan) -> TrainingS
     path = latest_checkpoint(run.output)
     if path is None:
         raise InputError("--resume", f"no complete checkpoint in {Path(run.output) / 'checkpoints'}")
+    if _distributed(setup):
+        from trainwise.engine.parallel.distributed_checkpoint import load_distributed_checkpoint
+
+        return load_distributed_checkpoint(path, setup=setup, plan=plan)
     return restore_checkpoint(path, model=setup.model, optimizer=setup.optimizer,
                               scheduler=setup.scheduler, scaler=setup.scaler, plan=plan)
 
@@ -162,16 +184,22 @@ def _check_finite(outcome: StepOutcome, step: int, plan: Plan, run: RunConfig, c
 
 
 def _save(run: RunConfig, state: TrainingState, setup: TrainingSetup, plan: Plan) -> Path:
+    if _distributed(setup):
+        from trainwise.engine.parallel.distributed_checkpoint import save_distributed_checkpoint
+
+        return save_distributed_checkpoint(run.output, state, setup=setup, plan=plan, run=run)
     return save_checkpoint(run.output, state, model=setup.model, optimizer=setup.optimizer,
                            scheduler=setup.scheduler, scaler=setup.scaler, plan=plan, run=run)
 
 
 def _live_tensors(setup: TrainingSetup):
     """Tensors alive at a step's start: what the CPU memory probe counts as its baseline."""
-    yield from setup.model.parameters()
-    yield from setup.model.buffers()
-    for state in setup.optimizer.state.values():
-        yield from (t for t in state.values() if isinstance(t, torch.Tensor))
+    for tensor in itertools.chain(setup.model.parameters(), setup.model.buffers(),
+                                  (t for state in setup.optimizer.state.values() for t in state.values())):
+        if isinstance(tensor, DTensor):
+            yield tensor.to_local()  # this rank's shard is what its memory holds
+        elif isinstance(tensor, torch.Tensor):
+            yield tensor
 
 
 def _metrics_line(entry: StepLog) -> dict:

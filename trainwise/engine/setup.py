@@ -1,12 +1,14 @@
 """apply(plan, model): turn a Plan into the objects one training step needs, in one order.
 
     1. precision policy and device switches (TF32) — checked against the device first
-    2. the step recipe shared with the estimate (trainwise.step.prepare_model):
+    2. tensor parallel (distributed runs with --tp)
+    3. the step recipe shared with the estimate (trainwise.step.prepare_model):
        LoRA adapters -> gradient checkpointing -> weight dtype -> train mode
-    3. torch.compile of the prepared model (the uncompiled module is kept for saving)
-    4. optimizer (foreach/fused kernels chosen explicitly), LR schedule, fp16 loss scaler
-
-Later layouts (tensor/pipeline/data parallel) slot in between 2 and 4, as DESIGN.md says.
+    4. pipeline split into this rank's stages (--pp)
+    5. torch.compile of each model part (the uncompiled module is kept for saving)
+    6. data parallel: DDP, ZeRO-1, or FSDP2 sharding (engine/parallel/apply.py)
+    7. optimizer (foreach/fused kernels chosen explicitly; sharded for ZeRO-1), LR
+       schedule, fp16 loss scaler
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from trainwise.engine.parallel.mesh import Distributed
 from trainwise.engine.runtime import apply_numeric_switches, check_precision_supported
 from trainwise.engine.schedule import build_scheduler
 from trainwise.plan.errors import InputError
@@ -27,7 +30,9 @@ from trainwise.step.precision import PrecisionPolicy
 @dataclass
 class TrainingSetup:
     """What the loop runs. `model` is the module whose weights are saved; `forward` is
-    what the loop calls (the compiled module under --compile, else `model` itself)."""
+    what the loop calls (the compiled or DDP-wrapped module, else `model` itself). In a
+    distributed run `distributed` says where this rank is; under pipeline parallel,
+    `pipeline` runs the step and `model` holds this rank's stages."""
 
     model: nn.Module
     forward: nn.Module
@@ -36,14 +41,19 @@ class TrainingSetup:
     scaler: torch.amp.GradScaler
     policy: PrecisionPolicy
     device: torch.device
+    distributed: Distributed | None = None
+    pipeline: object | None = None
 
 
 def apply_plan(model: nn.Module, plan: Plan, device: torch.device, total_steps: int,
-               task: str | None = None) -> TrainingSetup:
-    """Apply every single-device technique of `plan` to `model` (already on `device`)."""
+               task: str | None = None, distributed: Distributed | None = None) -> TrainingSetup:
+    """Apply every technique of `plan` to `model` (on `device`, or on the CPU when it is
+    about to be sharded), in the order of this module's docstring."""
     policy = precision_policy(plan.precision, device.type)
     check_precision_supported(policy, device)
     apply_numeric_switches(policy)
+    if distributed is not None and distributed.mesh is not None:
+        return _apply_distributed(model, plan, policy, device, total_steps, task, distributed)
     model = prepare_model(model, plan, policy, task)
     forward = compile_model(model, plan) if plan.compile else model
     optimizer = build_optimizer(plan, model, device.type)
@@ -61,3 +71,27 @@ def compile_model(model: nn.Module, plan: Plan) -> nn.Module:
     except ImportError as err:
         raise InputError("--compile", f"torch.compile is unavailable in this torch build ({err})") from None
     return torch.compile(model, mode=None if plan.compile_mode == "default" else plan.compile_mode)
+
+
+def _apply_distributed(model: nn.Module, plan: Plan, policy: PrecisionPolicy, device: torch.device,
+                       total_steps: int, task: str | None, distributed: Distributed) -> TrainingSetup:
+    from trainwise.engine.parallel.apply import data_parallel, data_parallel_kind, split_pipeline, tensor_parallel
+
+    model = tensor_parallel(model, distributed)
+    model = prepare_model(model, plan, policy, task)
+    pipeline, parts = split_pipeline(model, plan, distributed, device)
+    if plan.compile:
+        for part in parts:  # compiled in place: pipelines and FSDP keep their module objects
+            part.compile(mode=None if plan.compile_mode == "default" else plan.compile_mode)
+    parts, forwards = data_parallel(parts, plan, policy, distributed, device)
+    saved = parts[0] if len(parts) == 1 else nn.ModuleList(parts)
+    if data_parallel_kind(distributed).kind == "zero1":
+        from trainwise.engine.parallel.data_parallel import zero_one_optimizer
+
+        optimizer = zero_one_optimizer(saved, plan, distributed.submesh("fsdp").get_group(), device.type)
+    else:
+        optimizer = build_optimizer(plan, saved, device.type)
+    scheduler = build_scheduler(optimizer, total_steps, plan.warmup_steps, plan.lr_schedule)
+    scaler = torch.amp.GradScaler(device.type, enabled=policy.loss_scaling)
+    return TrainingSetup(saved, forwards[0] if len(forwards) == 1 else saved, optimizer, scheduler, scaler, policy,
+                         device, distributed, pipeline)

@@ -12,6 +12,8 @@ from typing import Iterator
 import torch
 
 from trainwise.engine.accumulation import gradient_sync, micro_batch_loss_scale
+from trainwise.engine.parallel.reduce import clip_gradients
+from trainwise.engine.parallel.reduce import mean_loss as parallel_mean_loss
 from trainwise.engine.setup import TrainingSetup
 from trainwise.plan.plan import Plan
 from trainwise.step import compute_loss
@@ -41,12 +43,25 @@ def training_step(setup: TrainingSetup, batches: Iterator[dict], plan: Plan, *, 
     for index in range(plan.grad_accum):
         batch = to_device(next(batches), setup.device, non_blocking=plan.pin_memory)
         last = index == plan.grad_accum - 1
+        if setup.pipeline is not None:
+            # The schedule runs forward and backward of its pipeline micro-batches; the
+            # loss (last stage only) comes back already scaled for accumulation.
+            with gradient_sync(setup.model, enabled=last), autocast(setup):
+                loss = setup.pipeline.step(batch)
+            if loss is not None:
+                losses.append(loss.detach().float())
+            del loss, batch
+            continue
         with gradient_sync(setup.forward, enabled=last), autocast(setup):
             loss = compute_loss(setup.forward, batch)
         scaler.scale(loss * scale).backward()
         losses.append(loss.detach().float())
         del loss, batch
-    mean_loss = torch.stack(losses).mean().item()  # one device sync per step
+    local_loss = torch.stack(losses).mean() if losses else None
+    if setup.distributed is not None and setup.distributed.mesh is not None:
+        mean_loss = parallel_mean_loss(local_loss, setup.distributed)  # the same value on every rank
+    else:
+        mean_loss = local_loss.item()  # one device sync per step
     lr = optimizer.param_groups[0]["lr"]
     if not math.isfinite(mean_loss) and not scaler.is_enabled():
         optimizer.zero_grad(set_to_none=True)
@@ -57,7 +72,10 @@ def training_step(setup: TrainingSetup, batches: Iterator[dict], plan: Plan, *, 
     if plan.max_grad_norm > 0:
         scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
         params = [p for p in model.parameters() if p.grad is not None]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, plan.max_grad_norm, foreach=True).item()
+        if setup.distributed is not None and setup.distributed.mesh is not None:
+            grad_norm = clip_gradients(params, plan.max_grad_norm, setup.distributed)
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, plan.max_grad_norm, foreach=True).item()
     scale_before = scaler.get_scale() if scaler.is_enabled() else None
     scaler.step(optimizer)
     scaler.update()

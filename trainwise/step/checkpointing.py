@@ -20,7 +20,7 @@ def enable_checkpointing(model: nn.Module) -> nn.Module:
         switch(gradient_checkpointing_kwargs={"use_reentrant": False}) if switch.__name__ == "gradient_checkpointing_enable" \
             else switch(activation_checkpointing_kwargs={"use_reentrant": False})
         return model
-    blocks = _largest_module_list(model)
+    blocks = largest_module_list(model)
     if blocks is None:
         raise InputError("--grad-ckpt", f"{type(base).__name__} has no repeated blocks to checkpoint")
     for block in blocks:
@@ -28,6 +28,7 @@ def enable_checkpointing(model: nn.Module) -> nn.Module:
     return model
 
 
-def _largest_module_list(model: nn.Module) -> nn.ModuleList | None:
+def largest_module_list(model: nn.Module) -> nn.ModuleList | None:
+    """The transformer blocks: the longest ModuleList of the model (None without one)."""
     lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
     return max(lists, key=len) if lists else None

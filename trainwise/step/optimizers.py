@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Iterable
 
 import torch
 from torch import nn
@@ -34,24 +33,31 @@ def build_optimizer(plan: Plan, model: nn.Module, device_type: str) -> torch.opt
     groups = parameter_groups(model, plan.weight_decay)
     if not groups:
         raise InputError("--lora-rank", "the model has no trainable parameters")
+    optimizer_class, options = optimizer_recipe(plan, device_type)
+    return optimizer_class(groups, **options)
+
+
+def optimizer_recipe(plan: Plan, device_type: str) -> tuple[type, dict]:
+    """The optimizer class for `plan.optim` and its keyword arguments (learning rate and
+    kernel choice); ZeRO-1 hands both to ZeroRedundancyOptimizer, which builds one per rank."""
     if plan.optim == "adamw":
-        return torch.optim.AdamW(groups, lr=plan.lr, foreach=True)
+        return torch.optim.AdamW, {"lr": plan.lr, "foreach": True}
     if plan.optim == "adamw-fused":
-        return torch.optim.AdamW(groups, lr=plan.lr, fused=True)
+        return torch.optim.AdamW, {"lr": plan.lr, "fused": True}
     if plan.optim == "sgd":
-        return torch.optim.SGD(groups, lr=plan.lr, momentum=0.9, foreach=True)
+        return torch.optim.SGD, {"lr": plan.lr, "momentum": 0.9, "foreach": True}
     if plan.optim == "adafactor":
-        return torch.optim.Adafactor(groups, lr=plan.lr, foreach=True)
+        return torch.optim.Adafactor, {"lr": plan.lr, "foreach": True}
     if plan.optim == "adamw-8bit":
-        return _bitsandbytes_adamw8bit(groups, plan, device_type)
+        return _bitsandbytes_adamw8bit(device_type), {"lr": plan.lr}
     raise InputError("--optim", f"unknown optimizer {plan.optim!r}")
 
 
-def _bitsandbytes_adamw8bit(groups: Iterable[dict], plan: Plan, device_type: str):
+def _bitsandbytes_adamw8bit(device_type: str) -> type:
     if device_type != "cuda":
         raise InputError("--optim", "adamw-8bit (bitsandbytes) needs a CUDA device; use adamw or adafactor on cpu")
     try:
         import bitsandbytes as bnb
     except ImportError:
         raise InputError("--optim", "adamw-8bit needs the bitsandbytes package (pip install bitsandbytes)") from None
-    return bnb.optim.AdamW8bit(groups, lr=plan.lr)
+    return bnb.optim.AdamW8bit

@@ -1,0 +1,110 @@
+"""Every data-parallel layout on gloo reproduces the single-process loss curve.
+
+With W ranks of micro-batch b and accumulation a, rank r's k-th micro-batch is number
+k*W + r of the one synthetic stream, so one process with micro-batch b and accumulation
+a*W sees exactly the same samples per step: the losses must agree to float tolerance."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from distributed_launch import REPO, launch
+from trainwise.api.training import train
+from trainwise.engine.run_config import RunConfig
+from trainwise.plan.plan import Plan
+
+STEPS = 5
+BASE = {"batch_size": 2, "seq_len": 32, "lr": 1e-3}
+WORKER = "tests/workers/parallel_engine_worker.py"
+
+TWO_RANKS = {  # name: (model, knobs)
+    "DDP": ("tiny-llama", {}),
+    "ZeRO-1": ("tiny-llama", {"zero": 1}),
+    "ZeRO-2": ("tiny-llama", {"zero": 2}),
+    "ZeRO-3": ("tiny-llama", {"zero": 3}),
+    "ZeRO-3 + CPU offload": ("tiny-llama", {"zero": 3, "cpu_offload": True}),
+    "DDP, accumulation 2": ("tiny-llama", {"grad_accum": 2}),
+    "ZeRO-3, accumulation 2": ("tiny-llama", {"zero": 3, "grad_accum": 2}),
+    "ZeRO-3, checkpointing": ("tiny-llama", {"zero": 3, "grad_ckpt": True}),
+    "DDP, LoRA": ("tiny-llama", {"lora_rank": 4}),
+    "ZeRO-3, LoRA": ("tiny-llama", {"zero": 3, "lora_rank": 4}),
+    "MoE, ZeRO-3": ("tiny-mixtral", {"zero": 3}),
+}
+FOUR_RANKS = {
+    "DDP x 4": ("tiny-llama", {}),
+    "ZeRO-3 x 4": ("tiny-llama", {"zero": 3}),
+    "hybrid: 2 replicas x 2 shards": ("tiny-llama", {"fsdp": 2}),
+}
+
+
+def _cases(layouts: dict) -> list[dict]:
+    return [{"name": name, "model": model, "knobs": {**BASE, **knobs}, "steps": STEPS}
+            for name, (model, knobs) in layouts.items()]
+
+
+def _single_process(model: str, knobs: dict, world: int) -> list[float]:
+    """The same samples per step on one process: accumulation takes the other ranks' place."""
+    single = {k: v for k, v in {**BASE, **knobs}.items() if k not in ("zero", "cpu_offload", "fsdp")}
+    single["grad_accum"] = single.get("grad_accum", 1) * world
+    losses = []
+    train(model, plan=Plan.from_dict({**single, "device": "cpu"}),
+          run=RunConfig.from_dict({"steps": STEPS, "data": "synthetic", "timing_warmup": 0}),
+          on_step=lambda entry: losses.append(entry.outcome.loss))
+    return losses
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("parallel")
+    two = launch(WORKER, 2, tmp, [json.dumps(_cases(TWO_RANKS))], timeout_s=400)
+    four = launch(WORKER, 4, tmp, [json.dumps(_cases(FOUR_RANKS))], timeout_s=400)
+    for done in (two, four):
+        assert done.returncode == 0, done.stderr[-3000:]
+    return {2: two.rank_outputs, 4: four.rank_outputs}
+
+
+@pytest.mark.parametrize("world, layouts", [(2, TWO_RANKS), (4, FOUR_RANKS)])
+def test_layouts_match_one_process(runs, world, layouts):
+    references = {}
+    for name, (model, knobs) in layouts.items():
+        key = (model, tuple(sorted((k, v) for k, v in knobs.items() if k not in ("zero", "cpu_offload", "fsdp"))))
+        if key not in references:
+            references[key] = _single_process(model, knobs, world)
+        for rank, output in runs[world].items():
+            result = output[name]
+            assert "error" not in result, f"{name} on rank {rank}: {result.get('traceback')}"
+            assert result["losses"] == pytest.approx(references[key], rel=2e-5), f"{name} on rank {rank}"
+
+
+def test_plans_that_differ_across_ranks_are_refused(tmp_path):
+    case = {**_cases({"mismatch": ("tiny-llama", {})})[0], "rank_knobs": {"1": {"lr": 5e-4}}}
+    done = launch(WORKER, 2, tmp_path, [json.dumps([case])], timeout_s=200)
+    for rank in (0, 1):
+        error = done.rank_outputs[rank]["mismatch"]["error"]
+        assert "rank 1 was started with other settings than rank 0" in error and "plan.lr" in error
+
+
+def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
+    case = {**_cases({"fails": ("tiny-llama", {})})[0], "fail_on_rank": "1"}
+    done = launch(WORKER, 2, tmp_path, [json.dumps([case])], timeout_s=200)  # a hang would time out here
+    assert done.returncode != 0 and "rank 1 fails on purpose" in done.stderr
+
+
+def test_cli_launches_processes_with_nproc(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    done = subprocess.run([sys.executable, "-m", "trainwise", "train", "tiny-llama", "--nproc", "2", "--zero", "2",
+                           "--device", "cpu", "--steps", "3", "--data", "synthetic", "--batch-size", "2",
+                           "--seq-len", "32", "--metrics", str(metrics)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [line["step"] for line in lines[:-1]] == [1, 2, 3] and "summary" in lines[-1]
+
+
+def test_cli_bad_layout_is_one_line_exit_2():
+    done = subprocess.run([sys.executable, "-m", "trainwise", "train", "tiny-llama", "--nproc", "3", "--tp", "2",
+                           "--device", "cpu"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip().startswith("trainwise: error: --nproc")
+    assert len(done.stderr.strip().splitlines()) == 1

@@ -1,0 +1,65 @@
+"""The two numbers every rank must agree on after a step: the loss shown, and the total
+gradient norm that clipping scales by.
+
+Both are reduced with torch.distributed collectives over the whole job. Gradients held as
+DTensors (FSDP shards, tensor-parallel pieces) get their global norm from DTensor itself
+(`full_tensor`); plain tensors are either whole (DDP: already all-reduced) or a pipeline
+stage's own, whose squares are summed over the pipeline ranks."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from trainwise.engine.parallel.mesh import Distributed
+
+
+def mean_loss(local: torch.Tensor | None, distributed: Distributed) -> float:
+    """The step's loss averaged over the ranks that computed one (pipeline ranks other
+    than the last have none; tensor-parallel peers hold the same value)."""
+    value = local.detach().float().reshape(()) if local is not None else torch.zeros(())
+    pair = torch.stack([value, torch.ones(()) if local is not None else torch.zeros(())])
+    pair = pair.to(_collective_device(distributed))
+    dist.all_reduce(pair)
+    total, count = pair.tolist()
+    return total / count if count else math.nan
+
+
+def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float, distributed: Distributed) -> float:
+    """Scale every gradient so that the global norm is at most `max_norm`; return the
+    global norm before clipping (the same number on every rank)."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    squares = torch.zeros((), dtype=torch.float64)
+    for group in _groups(grads):
+        norm = torch.nn.utils.get_total_norm(group, norm_type=2.0, foreach=True)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        squares += norm.double().cpu() ** 2
+    if distributed.layout.pp > 1:
+        # Each stage holds different parameters: their squares add up.
+        squares = squares.to(_collective_device(distributed))
+        dist.all_reduce(squares, group=distributed.submesh("pp").get_group())
+    total = math.sqrt(float(squares))
+    coefficient = max_norm / (total + 1e-6)
+    if coefficient < 1.0:
+        for group in _groups(grads):
+            torch._foreach_mul_(group, coefficient)
+    return total
+
+
+def _groups(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Gradients that can share one foreach kernel: plain tensors by device and dtype,
+    DTensors by mesh, placements and dtype."""
+    groups: dict = {}
+    for grad in grads:
+        key = (("dtensor", id(grad.device_mesh), grad.placements, grad.dtype) if isinstance(grad, DTensor)
+               else ("tensor", grad.device, grad.dtype))
+        groups.setdefault(key, []).append(grad)
+    return list(groups.values())
+
+
+def _collective_device(distributed: Distributed) -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
