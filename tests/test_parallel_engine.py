@@ -108,3 +108,33 @@ def test_cli_bad_layout_is_one_line_exit_2():
                            "--device", "cpu"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.strip().startswith("trainwise: error: --nproc")
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("classic", ["data-parallel", "vertical"])
+def test_classic_layouts_run_and_match_on_one_device(classic):
+    """On a CPU both classic layouts have one device to use, so they must give exactly the
+    plain run's losses (what they add on several GPUs is placement, checked below)."""
+    knobs = {**BASE, "device": "cpu"}
+    plain, classic_losses = [], []
+    for extra, sink in (({}, plain), ({"classic": classic}, classic_losses)):
+        train("tiny-llama", plan=Plan.from_dict({**knobs, **extra}),
+              run=RunConfig.from_dict({"steps": 3, "data": "synthetic", "timing_warmup": 0}),
+              on_step=lambda entry, sink=sink: sink.append(entry.outcome.loss))
+    assert classic_losses == pytest.approx(plain, rel=1e-6)
+
+
+def test_vertical_placement_spreads_blocks_in_order():
+    import torch
+
+    from trainwise.engine.parallel.classic import assign_blocks, place_vertically
+    from trainwise.models import build_model, resolve_model
+
+    assert assign_blocks(4, ["gpu0", "gpu1"]) == ["gpu0", "gpu0", "gpu1", "gpu1"]
+    assert assign_blocks(5, ["gpu0", "gpu1", "gpu2"]) == ["gpu0", "gpu0", "gpu1", "gpu1", "gpu2"]
+    model = build_model(resolve_model("tiny-llama"), "cpu")
+    devices = [torch.device("cpu")] * 2  # placement logic only; hops are no-ops on one CPU
+    placement = place_vertically(model, devices)
+    blocks = len(model.model.layers)
+    assert len(placement) == blocks
+    batch = {"input_ids": torch.randint(0, 100, (2, 16)), "labels": torch.randint(0, 100, (2, 16))}
+    assert torch.isfinite(model(**batch).loss)

@@ -56,11 +56,26 @@ def apply_plan(model: nn.Module, plan: Plan, device: torch.device, total_steps: 
         return _apply_distributed(model, plan, policy, device, total_steps, task, distributed)
     model = prepare_model(model, plan, policy, task)
     forward = compile_model(model, plan) if plan.compile else model
+    if plan.classic != "none":
+        forward = classic_layout(model, forward, plan, device)
     optimizer = build_optimizer(plan, model, device.type)
     scheduler = build_scheduler(optimizer, total_steps, plan.warmup_steps, plan.lr_schedule)
     # The scaler is always built (disabled unless fp16) so checkpoints have one layout.
     scaler = torch.amp.GradScaler(device.type, enabled=policy.loss_scaling)
     return TrainingSetup(model, forward, optimizer, scheduler, scaler, policy, device)
+
+
+def classic_layout(model: nn.Module, forward: nn.Module, plan: Plan, device: torch.device) -> nn.Module:
+    """--classic: nn.DataParallel or blocks placed vertically over the visible GPUs."""
+    from trainwise.engine.parallel.classic import classic_devices, data_parallel_module, place_vertically
+
+    if plan.is_distributed:
+        raise InputError("--classic", "is a one-process layout; drop --nproc/--dp/--fsdp/--zero/--tp/--pp")
+    devices = classic_devices(device)
+    if plan.classic == "vertical":
+        place_vertically(model, devices)
+        return forward
+    return data_parallel_module(forward, devices)
 
 
 def compile_model(model: nn.Module, plan: Plan) -> nn.Module:

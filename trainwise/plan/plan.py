@@ -15,6 +15,7 @@ ATTENTIONS = ("eager", "sdpa", "flash")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 LR_SCHEDULES = ("cosine", "linear", "constant")
+CLASSIC_LAYOUTS = ("none", "data-parallel", "vertical")
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,9 @@ class Plan:
     pp: int = knob(1, "pipeline-parallel stages", minimum=1)
     pp_schedule: str = knob("1f1b", "pipeline schedule", choices=PP_SCHEDULES)
     microbatches: int | None = knob(None, "pipeline micro-batches per step (default: 2 x pp)", minimum=1, optional=True, kind=int)
+    classic: str = knob("none", "one-process classic layouts over the visible GPUs, for comparison: data-parallel "
+                                "(torch.nn.DataParallel) or vertical (blocks placed on the GPUs in order)",
+                        choices=CLASSIC_LAYOUTS)
 
     # ------------------------------------------------------------------ derived
     @property

@@ -1,0 +1,93 @@
+"""The two one-process layouts people compare against (`--classic`).
+
+data-parallel: torch.nn.DataParallel. One process scatters each micro-batch over the
+    visible GPUs, replicates the model every step, gathers outputs on the first GPU. Easy
+    and slow (the replication and the single Python thread): DDP is the fix.
+vertical: naive model parallel. Blocks are placed on the GPUs in order (embeddings on the
+    first, the head on the last) and the activations hop from GPU to GPU; one GPU works
+    at a time. Pipeline parallel (--pp) is the fix.
+
+Without several GPUs both run on the one device there is (the hops become no-ops), so
+the code path is exercised on a CPU but shows no parallelism."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from trainwise.plan.errors import InputError
+from trainwise.step.checkpointing import largest_module_list
+
+
+def classic_devices(device: torch.device) -> list[torch.device]:
+    """The devices a classic layout spreads over: every visible GPU, else `device` alone."""
+    if device.type == "cuda":
+        return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    return [device]
+
+
+def data_parallel_module(model: nn.Module, devices: list[torch.device]) -> nn.Module:
+    """nn.DataParallel over `devices` (the model must sit on the first)."""
+    if devices[0].type != "cuda":
+        return model  # DataParallel has nothing to split on a CPU: the model runs as is
+    return nn.DataParallel(model, device_ids=[d.index for d in devices], output_device=devices[0].index)
+
+
+def place_vertically(model: nn.Module, devices: list[torch.device]) -> list[torch.device]:
+    """Move blocks to `devices` in order, in balanced contiguous runs, and make every
+    block (and the modules after the blocks) move its inputs to its own device first.
+    Returns the device of each block."""
+    blocks = largest_module_list(model)
+    if blocks is None:
+        raise InputError("--classic", f"vertical needs repeated blocks to place; {type(model).__name__} has none")
+    model.to(devices[0])  # embeddings and everything outside the blocks start on the first device
+    placement = assign_blocks(len(blocks), devices)
+    for block, device in zip(blocks, placement):
+        block.to(device)
+        block.register_forward_pre_hook(_inputs_to(device), with_kwargs=True)
+    _after_blocks(model, blocks, devices[-1])
+    return placement
+
+
+def assign_blocks(count: int, devices: list) -> list:
+    """The device of each of `count` blocks: contiguous runs, as even as they can be."""
+    return [devices[index * len(devices) // count] for index in range(count)]
+
+
+def _after_blocks(model: nn.Module, blocks: nn.ModuleList, device: torch.device) -> None:
+    """Modules registered after the blocks (final norm, head) go to the last device; every
+    module outside the blocks that holds weights moves its inputs to where its weights
+    are (a head tied to the embedding drags the embedding along, so both need it)."""
+    in_blocks = {id(m) for m in blocks.modules()}
+    after = False
+    for module in model.modules():
+        if module is blocks:
+            after = True
+            continue
+        if id(module) in in_blocks or list(module.children()):
+            continue
+        if after:
+            module.to(device)
+    for module in model.modules():
+        if id(module) in in_blocks or list(module.children()) or not list(module.parameters(recurse=False)):
+            continue
+        weight_device = next(module.parameters(recurse=False)).device
+        module.register_forward_pre_hook(_inputs_to(weight_device), with_kwargs=True)
+
+
+def _inputs_to(device: torch.device):
+    def move(module, args, kwargs):
+        return _move(args, device), _move(kwargs, device)
+    return move
+
+
+def _move(value, device: torch.device):
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, tuple):
+        return tuple(_move(v, device) for v in value)
+    if isinstance(value, list):
+        return [_move(v, device) for v in value]
+    if isinstance(value, dict):
+        return {k: _move(v, device) for k, v in value.items()}
+    return value
