@@ -19,7 +19,8 @@ STEPS = 5
 BASE = {"batch_size": 2, "seq_len": 32, "lr": 1e-3}
 WORKER = "tests/workers/parallel_engine_worker.py"
 
-TWO_RANKS = {  # name: (model, knobs)
+NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+TWO_RANKS = {  # name: (model, knobs[, config changes])
     "DDP": ("tiny-llama", {}),
     "ZeRO-1": ("tiny-llama", {"zero": 1}),
     "ZeRO-2": ("tiny-llama", {"zero": 2}),
@@ -31,25 +32,35 @@ TWO_RANKS = {  # name: (model, knobs)
     "DDP, LoRA": ("tiny-llama", {"lora_rank": 4}),
     "ZeRO-3, LoRA": ("tiny-llama", {"zero": 3, "lora_rank": 4}),
     "MoE, ZeRO-3": ("tiny-mixtral", {"zero": 3}),
+    "TP 2": ("tiny-llama", {"tp": 2}),
+    "TP 2, BERT": ("tiny-bert", {"tp": 2}, NO_DROPOUT),
 }
 FOUR_RANKS = {
     "DDP x 4": ("tiny-llama", {}),
     "ZeRO-3 x 4": ("tiny-llama", {"zero": 3}),
     "hybrid: 2 replicas x 2 shards": ("tiny-llama", {"fsdp": 2}),
+    "TP 2 x DP 2": ("tiny-llama", {"tp": 2}),
+    "TP 2 x ZeRO-3 2": ("tiny-llama", {"tp": 2, "zero": 3}),
 }
+LAYOUT_ONLY = ("zero", "cpu_offload", "fsdp", "tp", "pp", "pp_schedule", "microbatches")
 
 
 def _cases(layouts: dict) -> list[dict]:
-    return [{"name": name, "model": model, "knobs": {**BASE, **knobs}, "steps": STEPS}
-            for name, (model, knobs) in layouts.items()]
+    return [{"name": name, "model": entry[0], "knobs": {**BASE, **entry[1]}, "steps": STEPS,
+             "config": entry[2] if len(entry) > 2 else {}} for name, entry in layouts.items()]
 
 
-def _single_process(model: str, knobs: dict, world: int) -> list[float]:
-    """The same samples per step on one process: accumulation takes the other ranks' place."""
-    single = {k: v for k, v in {**BASE, **knobs}.items() if k not in ("zero", "cpu_offload", "fsdp")}
-    single["grad_accum"] = single.get("grad_accum", 1) * world
+def _single_process(case: dict, world: int) -> list[float]:
+    """The same samples per step on one process: accumulation takes the place of the other
+    data-parallel ranks (tensor- and pipeline-parallel peers share their samples)."""
+    from workers.parallel_engine_worker import model_spec
+
+    knobs = case["knobs"]
+    data_parallel = world // (knobs.get("tp", 1) * knobs.get("pp", 1))
+    single = {k: v for k, v in knobs.items() if k not in LAYOUT_ONLY}
+    single["grad_accum"] = single.get("grad_accum", 1) * data_parallel
     losses = []
-    train(model, plan=Plan.from_dict({**single, "device": "cpu"}),
+    train(model_spec(case), plan=Plan.from_dict({**single, "device": "cpu"}),
           run=RunConfig.from_dict({"steps": STEPS, "data": "synthetic", "timing_warmup": 0}),
           on_step=lambda entry: losses.append(entry.outcome.loss))
     return losses
@@ -68,10 +79,13 @@ def runs(tmp_path_factory):
 @pytest.mark.parametrize("world, layouts", [(2, TWO_RANKS), (4, FOUR_RANKS)])
 def test_layouts_match_one_process(runs, world, layouts):
     references = {}
-    for name, (model, knobs) in layouts.items():
-        key = (model, tuple(sorted((k, v) for k, v in knobs.items() if k not in ("zero", "cpu_offload", "fsdp"))))
+    for case in _cases(layouts):
+        knobs = case["knobs"]
+        key = (case["model"], json.dumps(case["config"], sort_keys=True), world // (knobs.get("tp", 1) * knobs.get("pp", 1)),
+               tuple(sorted((k, v) for k, v in knobs.items() if k not in LAYOUT_ONLY)))
         if key not in references:
-            references[key] = _single_process(model, knobs, world)
+            references[key] = _single_process(case, world)
+        name = case["name"]
         for rank, output in runs[world].items():
             result = output[name]
             assert "error" not in result, f"{name} on rank {rank}: {result.get('traceback')}"

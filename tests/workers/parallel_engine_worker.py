@@ -2,6 +2,8 @@
 "knobs", "steps"}) with trainwise.api.train and writes every case's loss curve (or its
 error) for the test to compare with one process."""
 
+import copy
+import dataclasses
 import json
 import os
 import sys
@@ -15,7 +17,20 @@ from distributed_launch import write_result  # noqa: E402
 from trainwise.api.training import train  # noqa: E402
 from trainwise.engine.parallel.mesh import stop_distributed  # noqa: E402
 from trainwise.engine.run_config import RunConfig  # noqa: E402
+from trainwise.models import resolve_model  # noqa: E402
 from trainwise.plan.plan import Plan  # noqa: E402
+
+
+def model_spec(case: dict):
+    """The case's catalog model, with its config changed where the case says (dropout 0:
+    layouts that split a layer draw dropout masks differently from one process)."""
+    spec = resolve_model(case["model"])
+    if not case.get("config"):
+        return spec
+    config = copy.deepcopy(spec.config)
+    for key, value in case["config"].items():
+        setattr(config, key, value)
+    return dataclasses.replace(spec, config=config)
 
 
 def main() -> None:
@@ -28,7 +43,7 @@ def main() -> None:
             raise RuntimeError(f"rank {rank} fails on purpose")
         knobs = {**case["knobs"], **case.get("rank_knobs", {}).get(rank, {})}
         try:
-            train(case["model"], plan=Plan.from_dict({**knobs, "device": "cpu"}),
+            train(model_spec(case), plan=Plan.from_dict({**knobs, "device": "cpu"}),
                   run=RunConfig.from_dict({"steps": case["steps"], "data": "synthetic", "timing_warmup": 0}),
                   on_step=lambda entry: losses.append(entry.outcome.loss))
             results[case["name"]] = {"losses": losses}

@@ -49,7 +49,11 @@ def run(args) -> int:
     if should_launch(plan.nproc):
         # Bad input fails here, once, with exit 2, before any worker starts.
         resolve_layout(plan, plan.nproc)
-        resolve_model(args.model or DEFAULT_MODEL, task=args.task, trust_remote_code=args.trust_remote_code)
+        spec = resolve_model(args.model or DEFAULT_MODEL, task=args.task, trust_remote_code=args.trust_remote_code)
+        if plan.tp > 1:
+            from trainwise.engine.parallel.tensor_parallel import check_tensor_parallel
+
+            check_tensor_parallel(spec.config, plan.tp)
         return launch_local(plan.nproc, args.argv)
     # With no --device anywhere, train on what is here (the Plan's default names CUDA).
     explicit = "device" in vars(args) or "device" in from_file

@@ -13,7 +13,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
@@ -43,6 +45,7 @@ class TrainingSetup:
     device: torch.device
     distributed: Distributed | None = None
     pipeline: object | None = None
+    loss_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
 
 def apply_plan(model: nn.Module, plan: Plan, device: torch.device, total_steps: int,
@@ -108,5 +111,10 @@ def _apply_distributed(model: nn.Module, plan: Plan, policy: PrecisionPolicy, de
         optimizer = build_optimizer(plan, saved, device.type)
     scheduler = build_scheduler(optimizer, total_steps, plan.warmup_steps, plan.lr_schedule)
     scaler = torch.amp.GradScaler(device.type, enabled=policy.loss_scaling)
+    loss_context = contextlib.nullcontext
+    if distributed.layout.tp > 1:
+        from trainwise.engine.parallel.tensor_parallel import tensor_parallel_loss
+
+        loss_context = lambda: tensor_parallel_loss(model)  # noqa: E731
     return TrainingSetup(saved, forwards[0] if len(forwards) == 1 else saved, optimizer, scheduler, scaler, policy,
-                         device, distributed, pipeline)
+                         device, distributed, pipeline, loss_context)

@@ -12,7 +12,7 @@ from typing import Iterator
 import torch
 
 from trainwise.engine.accumulation import gradient_sync, micro_batch_loss_scale
-from trainwise.engine.parallel.reduce import clip_gradients
+from trainwise.engine.parallel.reduce import clip_gradients, plain_loss
 from trainwise.engine.parallel.reduce import mean_loss as parallel_mean_loss
 from trainwise.engine.setup import TrainingSetup
 from trainwise.plan.plan import Plan
@@ -52,10 +52,11 @@ def training_step(setup: TrainingSetup, batches: Iterator[dict], plan: Plan, *, 
                 losses.append(loss.detach().float())
             del loss, batch
             continue
-        with gradient_sync(setup.forward, enabled=last), autocast(setup):
-            loss = compute_loss(setup.forward, batch)
-        scaler.scale(loss * scale).backward()
-        losses.append(loss.detach().float())
+        with setup.loss_context():  # vocab-parallel cross-entropy under tensor parallel
+            with gradient_sync(setup.forward, enabled=last), autocast(setup):
+                loss = compute_loss(setup.forward, batch)
+            scaler.scale(loss * scale).backward()
+        losses.append(plain_loss(loss).detach().float())
         del loss, batch
     local_loss = torch.stack(losses).mean() if losses else None
     if setup.distributed is not None and setup.distributed.mesh is not None:

@@ -17,6 +17,11 @@ from torch.distributed.tensor import DTensor
 from trainwise.engine.parallel.mesh import Distributed
 
 
+def plain_loss(loss: torch.Tensor) -> torch.Tensor:
+    """The loss as an ordinary tensor (a vocab-parallel loss is a replicated DTensor)."""
+    return loss.full_tensor() if isinstance(loss, DTensor) else loss
+
+
 def mean_loss(local: torch.Tensor | None, distributed: Distributed) -> float:
     """The step's loss averaged over the ranks that computed one (pipeline ranks other
     than the last have none; tensor-parallel peers hold the same value)."""

@@ -1,0 +1,151 @@
+"""Tensor parallel for unmodified Hugging Face models, with DTensor's parallelize_module.
+
+Each block's attention and MLP are split Megatron-style: the first projections (q, k, v;
+gate and up; BERT's intermediate) column-wise, so every rank computes its own heads and its
+own slice of the hidden MLP units, and the projections back (o; down; BERT's outputs)
+row-wise, whose partial results one all-reduce sums. The Hugging Face attention reshapes
+with `-1` heads, so the local module needs no attribute changes.
+
+The token embedding is vocab-parallel (each rank holds a slice of the rows; a masked
+lookup and an all-reduce), and so is the causal-LM head, whose logits stay sharded over
+the vocabulary into a vocab-parallel cross-entropy (`loss_parallel`): the full logits are
+never gathered. Every other weight (norms, position embeddings, classifier heads) is a
+replicated DTensor, so the optimizer and clipping see one kind of parameter.
+
+Sequence parallel for the norms is not applied: Hugging Face blocks pass plain tensors
+with position embeddings and masks, and keeping activations replicated between blocks
+keeps those forwards unmodified (activation memory of the norms is not divided by tp).
+
+Supported: the Llama family (Llama, Mistral, Qwen2: same module names) and BERT. GPT-2
+fuses q, k, v into one Conv1D whose output columns would have to be regrouped per rank,
+and is refused with a clear error.
+
+    model = apply_tensor_parallel(model, tp_mesh)
+    with tensor_parallel_loss(model):   # around the loss computation *and* its backward
+        loss = model(**batch).loss      # a replicated DTensor under the vocab-parallel loss
+        loss.backward()
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, loss_parallel, parallelize_module
+
+from trainwise.plan.errors import InputError
+
+# Per family: (blocks path, {module path inside a block: "colwise" | "rowwise"}).
+_BLOCK_PLANS = {
+    "llama": ("model.layers", {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise",
+                               "self_attn.v_proj": "colwise", "self_attn.o_proj": "rowwise",
+                               "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise"}),
+    "bert": ("encoder.layer", {"attention.self.query": "colwise", "attention.self.key": "colwise",
+                               "attention.self.value": "colwise", "attention.output.dense": "rowwise",
+                               "intermediate.dense": "colwise", "output.dense": "rowwise"}),
+}
+_FAMILY_OF = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "bert": "bert", "roberta": "bert"}
+_VOCAB_PARALLEL_MARK = "_trainwise_vocab_parallel_head"
+
+
+def check_tensor_parallel(config, tp: int) -> None:
+    """InputError("--tp") when this architecture or its sizes cannot be split `tp` ways."""
+    if tp == 1:
+        return
+    model_type = getattr(config, "model_type", "?")
+    if model_type not in _FAMILY_OF:
+        supported = ", ".join(sorted(_FAMILY_OF))
+        raise InputError("--tp", f"tensor parallel supports {supported}; not {model_type}"
+                                 + (" (its fused Conv1D q/k/v)" if model_type == "gpt2" else ""))
+    sizes = {"attention heads": config.num_attention_heads,
+             "key/value heads": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+             "intermediate size": config.intermediate_size, "vocabulary": config.vocab_size}
+    for what, size in sizes.items():
+        if size % tp:
+            raise InputError("--tp", f"must divide the model's {what} ({size}); got {tp}")
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> nn.Module:
+    """Split `model` over `tp_mesh` in place (see the module docstring); returns it."""
+    base = getattr(model, "get_base_model", lambda: model)()
+    config = base.config
+    check_tensor_parallel(config, tp_mesh.size())
+    family = _FAMILY_OF[config.model_type]
+    blocks_path, block_plan = _BLOCK_PLANS[family]
+    core = _core(base, blocks_path)
+    for block in core.get_submodule(blocks_path):
+        parallelize_module(block, tp_mesh, {path: _style(kind) for path, kind in block_plan.items()})
+    embedding = base.get_input_embeddings()
+    head = base.get_output_embeddings()
+    tied = head is not None and head.weight is embedding.weight
+    parallelize_module(embedding, tp_mesh, RowwiseParallel(input_layouts=Replicate()))
+    if head is not None and family == "llama":
+        parallelize_module(head, tp_mesh, ColwiseParallel(output_layouts=Shard(-1), use_local_output=False))
+        if tied:
+            head.weight = embedding.weight  # one sharded parameter, as before
+        setattr(base, _VOCAB_PARALLEL_MARK, True)
+    _replicate_the_rest(base, tp_mesh)
+    return model
+
+
+@contextlib.contextmanager
+def tensor_parallel_loss(model: nn.Module):
+    """The context the loss and its backward must run in: vocab-parallel cross-entropy
+    when the head's logits are sharded over the vocabulary, else nothing."""
+    base = getattr(model, "get_base_model", lambda: model)()
+    if getattr(base, _VOCAB_PARALLEL_MARK, False):
+        with loss_parallel():
+            yield
+    else:
+        yield
+
+
+def _core(base: nn.Module, blocks_path: str) -> nn.Module:
+    """The module that owns `blocks_path` (heads wrap the core model under various names)."""
+    for _, module in base.named_modules():
+        try:
+            module.get_submodule(blocks_path)
+            return module
+        except AttributeError:
+            continue
+    raise InputError("--tp", f"{type(base).__name__} has no {blocks_path} to split")
+
+
+def _style(kind: str):
+    return ColwiseParallel() if kind == "colwise" else RowwiseParallel()
+
+
+def _replicate_the_rest(model: nn.Module, mesh: DeviceMesh) -> None:
+    """Every module still holding plain parameters gets them as replicated DTensors and
+    converts its inputs and outputs at its boundary, so the code around it is unchanged."""
+    for module in list(model.modules()):
+        own = [p for p in module.parameters(recurse=False)]
+        if not own or all(isinstance(p, DTensor) for p in own):
+            continue
+        distribute_module(module, mesh, _replicate_parameters, input_fn=_replicated_inputs,
+                          output_fn=_local_outputs)
+
+
+def _replicate_parameters(name: str, module: nn.Module, mesh: DeviceMesh) -> None:
+    for param_name, param in list(module.named_parameters(recurse=False)):
+        if isinstance(param, DTensor):
+            continue
+        replicated = nn.Parameter(distribute_tensor(param.data, mesh, [Replicate()]),
+                                  requires_grad=param.requires_grad)
+        module.register_parameter(param_name, replicated)
+
+
+def _replicated_inputs(module, inputs, mesh):
+    return tuple(DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+                 if isinstance(x, torch.Tensor) and not isinstance(x, DTensor) else x for x in inputs)
+
+
+def _local_outputs(module, outputs, mesh):
+    if isinstance(outputs, DTensor):
+        return outputs.to_local()
+    if isinstance(outputs, tuple):
+        return tuple(o.to_local() if isinstance(o, DTensor) else o for o in outputs)
+    return outputs
