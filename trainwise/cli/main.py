@@ -20,7 +20,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from trainwise.cli import bench_cmd, env_cmd, estimate_cmd, models_cmd, train_cmd
+    from trainwise.cli import bench_cmd, env_cmd, estimate_cmd, export_cmd, models_cmd, train_cmd
 
     parser = _Parser(prog="trainwise", description="Predict, plan, train and measure transformer training.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     train_cmd.register(commands)
     bench_cmd.register(commands)
     env_cmd.register(commands)
+    export_cmd.register(commands)
     return parser
 
 

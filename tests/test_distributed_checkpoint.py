@@ -1,0 +1,78 @@
+"""Distributed checkpoints reshard: saved by 4 ranks under ZeRO-3, resumed by 2 ranks
+under DDP and by 4 under tensor x data parallel, each continuing the loss curve of an
+uninterrupted run; exported whole without a process group."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from distributed_launch import REPO
+from trainwise.api.training import train
+from trainwise.engine.run_config import RunConfig
+from trainwise.plan.plan import Plan
+
+COMMON = ["tiny-llama", "--device", "cpu", "--data", "synthetic", "--batch-size", "2", "--seq-len", "32",
+          "--lr", "1e-3", "--lr-schedule", "constant", "--log-every", "1"]
+
+
+def _train(args: list[str], metrics) -> list[float]:
+    done = subprocess.run([sys.executable, "-m", "trainwise", "train", *COMMON, *args, "--metrics", str(metrics)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [line["loss"] for line in map(json.loads, metrics.read_text().splitlines()) if "loss" in line]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """4 ranks, ZeRO-3, 2 steps of 4 x 2 samples, checkpoint at step 2; plus the loss
+    curve one process gets for the same 8 samples per step over 4 steps."""
+    tmp = tmp_path_factory.mktemp("dcp")
+    first = _train(["--nproc", "4", "--zero", "3", "--steps", "2", "--output", str(tmp / "run")], tmp / "a.jsonl")
+    reference = []
+    train("tiny-llama", plan=Plan.from_dict({"batch_size": 2, "grad_accum": 4, "seq_len": 32, "lr": 1e-3,
+                                             "lr_schedule": "constant", "device": "cpu"}),
+          run=RunConfig.from_dict({"steps": 4, "data": "synthetic", "timing_warmup": 0}),
+          on_step=lambda entry: reference.append(entry.outcome.loss))
+    return tmp, first, reference
+
+
+@pytest.mark.parametrize("layout", [["--nproc", "2"], ["--nproc", "4", "--tp", "2"]], ids=["DDP x 2", "TP 2 x DP 2"])
+def test_resume_under_another_layout(saved, tmp_path, layout):
+    tmp, first, reference = saved
+    assert first == pytest.approx(reference[:2], rel=2e-5)
+    run = tmp_path / "run"
+    subprocess.run(["cp", "-r", str(tmp / "run"), str(run)], check=True)
+    # Same 8 samples per step: 2 data-parallel ranks x accumulation 2 x batch 2.
+    resumed = _train([*layout, "--grad-accum", "2", "--steps", "4", "--output", str(run), "--resume"],
+                     tmp_path / "b.jsonl")
+    assert resumed == pytest.approx(reference[2:], rel=2e-5)
+    from transformers import AutoModelForCausalLM
+
+    final = AutoModelForCausalLM.from_pretrained(run / "final")
+    assert all(torch.isfinite(p).all() for p in final.parameters())
+
+
+def test_export_without_a_process_group(saved, tmp_path):
+    tmp, _, _ = saved
+    checkpoint = tmp / "run" / "checkpoints" / "step-00000002"
+    done = subprocess.run([sys.executable, "-m", "trainwise", "export", str(checkpoint), "--out", str(tmp_path / "hf")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from transformers import AutoModelForCausalLM
+
+    dcp_to_torch_save(checkpoint / "dcp", tmp_path / "full.pt")
+    saved_weights = torch.load(tmp_path / "full.pt", weights_only=True)["model"]
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").state_dict()
+    assert set(saved_weights) <= set(exported)
+    for name, tensor in saved_weights.items():
+        assert torch.equal(exported[name], tensor), name
+
+
+def test_export_refuses_what_is_not_a_checkpoint(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "trainwise", "export", str(tmp_path), "--out", str(tmp_path / "x")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "CHECKPOINT" in done.stderr and len(done.stderr.strip().splitlines()) == 1
