@@ -12,8 +12,6 @@ import shutil
 import warnings
 from pathlib import Path
 
-
-
 from trainwise.engine.checkpoint_weights import quiet_progress_bars
 from trainwise.plan.atomic import atomic_directory
 from trainwise.plan.errors import InputError
@@ -70,6 +68,3 @@ def _copy_hf_files(checkpoint: Path, target: Path) -> None:
         raise InputError("CHECKPOINT", f"{checkpoint} holds no Hugging Face model files")
     for name in names:
         shutil.copy2(checkpoint / name, target / name)
-
-
-

@@ -83,9 +83,10 @@ def train(model: str | ModelSpec | nn.Module = "tiny-llama", data: str | Iterabl
     seed_everything(run.seed, run.deterministic)
     spec = _spec(model, task, trust_remote_code)
     notes: list[str] = []
-    # A model about to be sharded is built in host memory: each rank then holds only its
-    # shards on the device (so ZeRO-3 trains models one device cannot hold whole).
-    build_on = torch.device("cpu") if distributed.layout.zero >= 2 else device
+    # A model about to be sharded or cut into stages is built in host memory: each rank
+    # then holds only its shards or stages on the device (so ZeRO-3 and pipelines train
+    # models one device cannot hold whole).
+    build_on = torch.device("cpu") if distributed.layout.zero >= 2 or distributed.layout.pp > 1 else device
     module, notes_built = _build(model, spec, plan, build_on)
     notes += notes_built
     train_data = _data(data, spec, plan, run, distributed)

@@ -39,6 +39,7 @@ def run(args) -> int:
     from trainwise.plan.layout import resolve_layout
     from trainwise.cli.render_train import StepProgress, render_header, render_summary
     from trainwise.plan import load_plan_file
+    from trainwise.plan.partition import check_model_layout
 
     plan = plan_from_args(args)
     from_file = load_plan_file(args.plan) if args.plan is not None else {}
@@ -48,12 +49,9 @@ def run(args) -> int:
     run_config = RunConfig.from_dict(typed_values(args, RunConfig.specs()))
     if should_launch(plan.nproc):
         # Bad input fails here, once, with exit 2, before any worker starts.
-        resolve_layout(plan, plan.nproc)
+        layout = resolve_layout(plan, plan.nproc)
         spec = resolve_model(args.model or DEFAULT_MODEL, task=args.task, trust_remote_code=args.trust_remote_code)
-        if plan.tp > 1:
-            from trainwise.engine.parallel.tensor_parallel import check_tensor_parallel
-
-            check_tensor_parallel(spec.config, plan.tp)
+        check_model_layout(spec.config, plan, layout)
         return launch_local(plan.nproc, args.argv)
     # With no --device anywhere, train on what is here (the Plan's default names CUDA).
     explicit = "device" in vars(args) or "device" in from_file

@@ -93,11 +93,13 @@ def compile_model(model: nn.Module, plan: Plan) -> nn.Module:
 
 def _apply_distributed(model: nn.Module, plan: Plan, policy: PrecisionPolicy, device: torch.device,
                        total_steps: int, task: str | None, distributed: Distributed) -> TrainingSetup:
-    from trainwise.engine.parallel.apply import data_parallel, data_parallel_kind, split_pipeline, tensor_parallel
+    from trainwise.engine.parallel.apply import (after_placement, data_parallel, data_parallel_kind, split_pipeline,
+                                                 tensor_parallel)
 
     model = tensor_parallel(model, distributed)
     model = prepare_model(model, plan, policy, task)
     pipeline, parts = split_pipeline(model, plan, distributed, device)
+    after_placement(model, distributed)
     if plan.compile:
         for part in parts:  # compiled in place: pipelines and FSDP keep their module objects
             part.compile(mode=None if plan.compile_mode == "default" else plan.compile_mode)

@@ -46,10 +46,10 @@ def training_step(setup: TrainingSetup, batches: Iterator[dict], plan: Plan, *, 
         if setup.pipeline is not None:
             # The schedule runs forward and backward of its pipeline micro-batches; the
             # loss (last stage only) comes back already scaled for accumulation.
-            with gradient_sync(setup.model, enabled=last), autocast(setup):
+            with setup.loss_context(), gradient_sync(setup.model, enabled=last), autocast(setup):
                 loss = setup.pipeline.step(batch)
             if loss is not None:
-                losses.append(loss.detach().float())
+                losses.append(plain_loss(loss).detach().float())
             del loss, batch
             continue
         with setup.loss_context():  # vocab-parallel cross-entropy under tensor parallel

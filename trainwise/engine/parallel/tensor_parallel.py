@@ -37,35 +37,9 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_modul
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, loss_parallel, parallelize_module
 
 from trainwise.plan.errors import InputError
+from trainwise.plan.partition import TP_BLOCK_PLANS, TP_FAMILY_OF, check_tensor_parallel
 
-# Per family: (blocks path, {module path inside a block: "colwise" | "rowwise"}).
-_BLOCK_PLANS = {
-    "llama": ("model.layers", {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise",
-                               "self_attn.v_proj": "colwise", "self_attn.o_proj": "rowwise",
-                               "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise"}),
-    "bert": ("encoder.layer", {"attention.self.query": "colwise", "attention.self.key": "colwise",
-                               "attention.self.value": "colwise", "attention.output.dense": "rowwise",
-                               "intermediate.dense": "colwise", "output.dense": "rowwise"}),
-}
-_FAMILY_OF = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "bert": "bert", "roberta": "bert"}
 _VOCAB_PARALLEL_MARK = "_trainwise_vocab_parallel_head"
-
-
-def check_tensor_parallel(config, tp: int) -> None:
-    """InputError("--tp") when this architecture or its sizes cannot be split `tp` ways."""
-    if tp == 1:
-        return
-    model_type = getattr(config, "model_type", "?")
-    if model_type not in _FAMILY_OF:
-        supported = ", ".join(sorted(_FAMILY_OF))
-        raise InputError("--tp", f"tensor parallel supports {supported}; not {model_type}"
-                                 + (" (its fused Conv1D q/k/v)" if model_type == "gpt2" else ""))
-    sizes = {"attention heads": config.num_attention_heads,
-             "key/value heads": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
-             "intermediate size": config.intermediate_size, "vocabulary": config.vocab_size}
-    for what, size in sizes.items():
-        if size % tp:
-            raise InputError("--tp", f"must divide the model's {what} ({size}); got {tp}")
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> nn.Module:
@@ -73,8 +47,8 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> nn.Module:
     base = getattr(model, "get_base_model", lambda: model)()
     config = base.config
     check_tensor_parallel(config, tp_mesh.size())
-    family = _FAMILY_OF[config.model_type]
-    blocks_path, block_plan = _BLOCK_PLANS[family]
+    family = TP_FAMILY_OF[config.model_type]
+    blocks_path, block_plan = TP_BLOCK_PLANS[family]
     core = _core(base, blocks_path)
     for block in core.get_submodule(blocks_path):
         parallelize_module(block, tp_mesh, {path: _style(kind) for path, kind in block_plan.items()})
@@ -101,6 +75,29 @@ def tensor_parallel_loss(model: nn.Module):
             yield
     else:
         yield
+
+
+def keep_embedding_gradient_sharded(model: nn.Module) -> None:
+    """DTensor's embedding backward returns the vocab-parallel weight's gradient
+    replicated: a full vocab x hidden tensor on every rank (2 GB in fp32 for Llama 3's
+    128k vocabulary at hidden 4096). Re-shard it like the weight as it arrives, a local
+    slice with no communication, and copy the slice so the full tensor is freed.
+
+    Call it once the parameters have reached their final device and dtype: moving or
+    casting a DTensor parameter swaps its tensor, and the hook would stay behind."""
+    base = getattr(model, "get_base_model", lambda: model)()
+    param = base.get_input_embeddings().weight
+    if not isinstance(param, DTensor):
+        return
+
+    def like_parameter(grad):
+        if not isinstance(grad, DTensor) or grad.placements == param.placements:
+            return grad
+        local = grad.redistribute(param.device_mesh, param.placements).to_local().clone()
+        return DTensor.from_local(local, param.device_mesh, param.placements, run_check=False,
+                                  shape=param.shape, stride=param.stride())
+
+    param.register_hook(like_parameter)
 
 
 def _core(base: nn.Module, blocks_path: str) -> nn.Module:

@@ -1,0 +1,168 @@
+"""How a layout cuts a model: which weights tensor parallel splits and along which
+dimension, which blocks each pipeline stage holds, what ZeRO-1 gives each rank.
+
+Pure facts about configs and shapes, no torch.distributed: the engine applies them with
+DTensor, pipelining and FSDP, and the per-rank estimate reads the same facts to size each
+rank's share, so the two cannot drift apart."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainwise.plan.errors import InputError
+
+# Per family: (blocks path, {module path inside a block: "colwise" | "rowwise"}).
+# Column-wise splits a Linear's output features (weight dim 0 and its bias), row-wise its
+# input features (weight dim 1; the bias stays whole).
+TP_BLOCK_PLANS = {
+    "llama": ("model.layers", {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise",
+                               "self_attn.v_proj": "colwise", "self_attn.o_proj": "rowwise",
+                               "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise"}),
+    "bert": ("encoder.layer", {"attention.self.query": "colwise", "attention.self.key": "colwise",
+                               "attention.self.value": "colwise", "attention.output.dense": "rowwise",
+                               "intermediate.dense": "colwise", "output.dense": "rowwise"}),
+}
+TP_FAMILY_OF = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "bert": "bert", "roberta": "bert"}
+PIPELINE_FAMILIES = ("llama", "mistral", "qwen2")
+
+
+def check_tensor_parallel(config, tp: int) -> None:
+    """InputError("--tp") when this architecture or its sizes cannot be split `tp` ways."""
+    if tp == 1:
+        return
+    model_type = getattr(config, "model_type", "?")
+    if model_type not in TP_FAMILY_OF:
+        supported = ", ".join(sorted(TP_FAMILY_OF))
+        raise InputError("--tp", f"tensor parallel supports {supported}; not {model_type}"
+                                 + (" (its fused Conv1D q/k/v)" if model_type == "gpt2" else ""))
+    sizes = {"attention heads": config.num_attention_heads,
+             "key/value heads": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+             "intermediate size": config.intermediate_size, "vocabulary": config.vocab_size}
+    for what, size in sizes.items():
+        if size % tp:
+            raise InputError("--tp", f"must divide the model's {what} ({size}); got {tp}")
+
+
+def stages_per_rank(schedule: str) -> int:
+    """Interleaved 1F1B gives each rank two (virtual) stages; the others one."""
+    return 2 if schedule == "interleaved-1f1b" else 1
+
+
+def check_pipeline(config, pp: int, schedule: str, microbatches: int, batch_size: int) -> None:
+    """InputError naming the flag when the model or the batch cannot be pipelined so."""
+    if pp == 1:
+        return
+    if getattr(config, "model_type", None) not in PIPELINE_FAMILIES:
+        raise InputError("--pp", f"pipeline parallel supports the {', '.join(PIPELINE_FAMILIES)} decoders; "
+                                 f"not {getattr(config, 'model_type', '?')}")
+    if getattr(config, "tie_word_embeddings", False):
+        raise InputError("--pp", "the model ties its head to its embedding, which sit on different stages; "
+                                 "use --fsdp/--zero or --tp for it")
+    stages = pp * stages_per_rank(schedule)
+    if config.num_hidden_layers < stages:
+        raise InputError("--pp", f"{stages} stages need at least {stages} blocks; the model has "
+                                 f"{config.num_hidden_layers}")
+    if batch_size % microbatches:
+        raise InputError("--microbatches", f"must divide the micro-batch size {batch_size} (got {microbatches})")
+    if schedule == "1f1b" and microbatches < pp:
+        raise InputError("--microbatches", f"1F1B needs at least as many micro-batches as stages ({pp}); "
+                                           f"got {microbatches}")
+    if schedule == "interleaved-1f1b" and microbatches % pp:
+        raise InputError("--microbatches", f"interleaved 1F1B needs a multiple of --pp {pp} (got {microbatches})")
+
+
+def pipeline_microbatches(plan, pp: int) -> int:
+    """The pipeline chunks one micro-batch is split into (--microbatches, default 2 x pp)."""
+    return plan.microbatches or 2 * pp
+
+
+def balanced_bounds(blocks: int, stages: int) -> list[tuple[int, int]]:
+    """[first, end) blocks of each stage: contiguous, sizes differing by at most one (the
+    extra blocks go to the middle stages; the first and last also carry embedding/head)."""
+    base, extra = divmod(blocks, stages)
+    sizes = [base] * stages
+    order = sorted(range(stages), key=lambda s: (s in (0, stages - 1), s))
+    for s in order[:extra]:
+        sizes[s] += 1
+    bounds, start = [], 0
+    for size in sizes:
+        bounds.append((start, start + size))
+        start += size
+    return bounds
+
+
+def rank_stages(rank: int, pp: int, schedule: str) -> list[int]:
+    """The stage indices pipeline rank `rank` runs (stage s on rank s mod pp)."""
+    return [rank + k * pp for k in range(stages_per_rank(schedule))]
+
+
+def stage_chunks_in_flight(schedule: str, rank: int, pp: int, microbatches: int) -> int:
+    """Pipeline chunks whose activations one stage of pipeline rank `rank` holds at once at
+    most: GPipe runs every forward before any backward; 1F1B starts backward after
+    pp - rank warm-up forwards; interleaved 1F1B (two stages per rank) warms up
+    pp + 2 (pp - 1 - rank) chunk-stages, spread over its two stages."""
+    if schedule == "gpipe":
+        return microbatches
+    if schedule == "1f1b":
+        return min(microbatches, pp - rank)
+    warmup = min(microbatches * 2, pp + 2 * (pp - 1 - rank) + 1)
+    return -(-warmup // 2)
+
+
+def zero_one_owner(sizes_by_group: list[list[int]], ranks: int) -> list[list[int]]:
+    """ZeroRedundancyOptimizer's partition: within each parameter group, largest first, each
+    parameter goes to the rank holding the fewest elements so far (lowest rank on ties).
+    Returns the owning rank of every parameter, in the groups' order."""
+    totals = [0] * ranks
+    owners = []
+    for sizes in sizes_by_group:
+        group_owners = [0] * len(sizes)
+        for index in sorted(range(len(sizes)), key=lambda i: sizes[i], reverse=True):
+            rank = min(range(ranks), key=lambda r: totals[r])
+            group_owners[index] = rank
+            totals[rank] += sizes[index]
+        owners.append(group_owners)
+    return owners
+
+
+def check_model_layout(config, plan, layout) -> None:
+    """Every layout check for `plan` on `layout` (the knobs' combination, then the model's
+    shapes): an InputError naming the flag, before any process starts or any estimate is
+    traced."""
+    check_layout_combination(plan, layout)
+    check_tensor_parallel(config, layout.tp)
+    check_pipeline(config, layout.pp, plan.pp_schedule, pipeline_microbatches(plan, layout.pp), plan.batch_size)
+
+
+@dataclass
+class DataParallelChoice:
+    """How data parallelism is done for a layout: "none", "ddp", "zero1" or "fsdp"."""
+
+    kind: str
+    reason: str = ""
+
+
+def data_parallel_choice(layout) -> DataParallelChoice:
+    if layout.data_parallel == 1 and not layout.zero:
+        return DataParallelChoice("none")
+    if layout.zero == 1:
+        if layout.tp > 1 or layout.pp > 1 or layout.dp > 1:
+            raise InputError("--zero", "ZeRO-1 runs on plain data parallel only; with --tp, --pp or --dp use "
+                                       "--zero 2 or 3")
+        return DataParallelChoice("zero1", "DDP with optimizer states sharded (ZeroRedundancyOptimizer)")
+    if layout.zero >= 2:
+        return DataParallelChoice("fsdp", f"FSDP2 fully_shard, ZeRO-{layout.zero}")
+    if layout.tp > 1 or layout.pp > 1:
+        return DataParallelChoice("fsdp", "FSDP2 replicating over dp (DDP does not compose with DTensor/pipelines)")
+    return DataParallelChoice("ddp", "DistributedDataParallel")
+
+
+def check_layout_combination(plan, layout) -> None:
+    """Knob combinations no layout of this kind can run, said before anything is built."""
+    if plan.lora and (layout.tp > 1 or layout.pp > 1):
+        raise InputError("--lora-rank", "LoRA runs with data parallel and sharded data parallel (--dp, --fsdp, "
+                                        "--zero); not with --tp or --pp")
+    if plan.precision == "fp16" and layout.zero >= 2:
+        raise InputError("--precision", "fp16 loss scaling is not wired to sharded gradients yet; use bf16 with "
+                                        "--zero 2/3")
+    data_parallel_choice(layout)
