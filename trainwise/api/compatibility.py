@@ -33,8 +33,3 @@ def check_estimate_support(plan: Plan) -> None:
     """Knobs declared in the Plan whose memory effect `estimate` does not model yet."""
     if plan.compile:
         raise NotSupportedYet("--compile", "estimate (its memory is at most the eager estimate; drop the flag)")
-    if plan.is_distributed or plan.cpu_offload:
-        flag = next(f for f, on in (("--nproc", plan.nproc > 1), ("--dp", plan.dp > 1), ("--fsdp", plan.fsdp > 1),
-                                    ("--zero", plan.zero is not None), ("--tp", plan.tp > 1), ("--pp", plan.pp > 1),
-                                    ("--cpu-offload", plan.cpu_offload)) if on)
-        raise NotSupportedYet(flag, "estimate (parallel layouts are planned; estimate one device for now)")

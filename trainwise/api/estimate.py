@@ -7,12 +7,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from trainwise.api.compatibility import check_device_support, check_estimate_support
+from trainwise.estimate.per_rank import (RankModel, check_rank_estimate, rank_config, rank_memory, rank_plan,
+                                        rank_views)
 from trainwise.estimate.extrapolate import (TRACED_BLOCKS, CannotSynthesize, block_count, extrapolate_dataclass,
                                              extrapolated_stacks, same_timeline, should_extrapolate,
                                              synthesize_trace, with_blocks)
 from trainwise.estimate.memory import MemoryEstimate, memory_from_trace
 from trainwise.hardware import Device, resolve_device
 from trainwise.models import ModelSpec, build_model_with_notes, check_seq_len, example_batch, resolve_model
+from trainwise.plan.errors import NotSupportedYet
+from trainwise.plan.layout import resolve_layout
+from trainwise.plan.partition import check_model_layout, data_parallel_choice
 from trainwise.plan.plan import Plan
 from trainwise.trace.step_trace import StepTrace, trace_training_step
 
@@ -36,6 +41,9 @@ class EstimateResult:
     # at full depth and replayed), "line" (figures on a line through the 2- and 3-block
     # results, where the blocks do not repeat cleanly), None when not extrapolated.
     extrapolation: str | None = None
+    # Under a parallel layout: the degrees, and every pipeline rank's figures (`memory` is
+    # rank 0's); None on one device.
+    layout: dict | None = None
 
     @property
     def fits(self) -> bool | None:
@@ -51,6 +59,7 @@ class EstimateResult:
                 "trainable_params": self.trainable_params, "device": self.device.kind,
                 "device_name": self.device.name, "device_source": self.device.source,
                 "plan": self.plan.to_dict(), "memory": memory, "fits": self.fits,
+                **({"layout": self.layout} if self.layout else {}),
                 "method": "predicted: traced on fake tensors" + (
                     f" ({self.traced_blocks[0]} and {self.traced_blocks[1]} of {self.total_blocks} blocks, extrapolated"
                     f" by {'repeating blocks' if self.extrapolation == 'repeated' else 'a line'})"
@@ -60,7 +69,8 @@ class EstimateResult:
 
 def estimate(model: str | ModelSpec, plan: Plan | None = None, *, task: str | None = None,
              trust_remote_code: bool = False) -> EstimateResult:
-    """Predict the memory of one training step of `model` under `plan` (bytes, one device).
+    """Predict the memory of one training step of `model` under `plan` (bytes; on one
+    device, or on rank 0 and each pipeline rank under a parallel layout).
 
     `model` is a catalog name, a local Hugging Face directory, `package.module:function` or
     a resolved ModelSpec. Nothing is allocated: the model is built on the meta device and
@@ -71,6 +81,12 @@ def estimate(model: str | ModelSpec, plan: Plan | None = None, *, task: str | No
     check_estimate_support(plan)
     check_device_support(plan, device)
     check_seq_len(spec, plan.seq_len)
+    if plan.is_distributed or plan.cpu_offload:
+        return _per_rank(spec, plan, device)
+    return _one_device(spec, plan, device)
+
+
+def _one_device(spec: ModelSpec, plan: Plan, device: Device) -> EstimateResult:
     blocks = block_count(spec.config)
     if should_extrapolate(blocks):
         small_n, large_n = TRACED_BLOCKS
@@ -79,7 +95,9 @@ def estimate(model: str | ModelSpec, plan: Plan | None = None, *, task: str | No
         memory, extrapolation = _repeated_blocks(small[0], large[0], blocks, device), "repeated"
         if memory is None:
             memory, extrapolation = extrapolate_dataclass(small[1], large[1], small_n, large_n, blocks), "line"
-            memory = _at_least_allocated(_peak_from_phases(memory))
+            # Per-phase compositions are not extrapolated: the per-rank estimate then
+            # rescales the overall peak's.
+            memory = dataclasses.replace(_at_least_allocated(_peak_from_phases(memory)), phase_at_peak={})
         params = _extrapolate_count(small[0].params, large[0].params, small_n, large_n, blocks)
         trainable = _extrapolate_count(small[0].trainable_params, large[0].trainable_params, small_n, large_n, blocks)
         trace, notes, traced = large[0], large[2], (small_n, large_n)
@@ -90,6 +108,61 @@ def estimate(model: str | ModelSpec, plan: Plan | None = None, *, task: str | No
                           device=device, plan=plan, memory=memory,
                           activations_by_module=_activations_by_module(trace), traced_blocks=traced,
                           total_blocks=blocks, notes=tuple(notes), extrapolation=extrapolation)
+
+
+def _per_rank(spec: ModelSpec, plan: Plan, device: Device) -> EstimateResult:
+    """Rank 0's estimate under the plan's layout, with every pipeline rank's peak beside it
+    (trainwise/estimate/per_rank.py); the parameter counts stay the whole model's."""
+    layout = resolve_layout(plan)
+    check_model_layout(spec.config, plan, layout)
+    reason = check_rank_estimate(spec.config, layout)
+    if reason:
+        raise NotSupportedYet("--tp", reason)
+    traced: dict[int, EstimateResult] = {}
+    ranks, first = [], None
+    for view in rank_views(spec.config, plan, layout):
+        config = rank_config(spec.config, layout, view.blocks)
+        if view.blocks not in traced:
+            traced[view.blocks] = _one_device(dataclasses.replace(spec, config=config), rank_plan(plan, layout), device)
+        single = traced[view.blocks]
+
+        def build(blocks: int | None, config=config):
+            shaped = config if blocks is None else with_blocks(config, blocks)
+            return build_model_with_notes(dataclasses.replace(spec, config=shaped), "meta", attention=plan.attention,
+                                          batch_size=plan.batch_size, seq_len=plan.seq_len).model
+
+        memory, details = rank_memory(single.memory, single.activations_by_module,
+                                      RankModel(config, build, spec.task), plan, layout, view, device.kind)
+        ranks.append({**details, "peak_allocated": memory.peak_allocated, "device_total": memory.device_total})
+        first = first or (memory, single)
+    memory, single = first
+    most = max(range(len(ranks)), key=lambda i: ranks[i]["device_total"])
+    summary = {"world": layout.world, "dp": layout.dp, "fsdp": layout.fsdp, "tp": layout.tp, "pp": layout.pp,
+               "zero": layout.zero, "cpu_offload": layout.cpu_offload,
+               "data_parallel": data_parallel_choice(layout).kind, "rank": 0,
+               "pipeline_ranks": ranks, "most_loaded_pipeline_rank": most}
+    notes = (*single.notes, f"layout: {layout.describe()}; memory is rank 0's (its pipeline stage, shard and "
+                            "tensor-parallel slice)")
+    full = _counts(spec, plan, device)
+    return dataclasses.replace(single, model=spec.name, plan=plan, memory=memory, params=full[0],
+                               trainable_params=full[1], notes=notes, layout=summary)
+
+
+def _counts(spec: ModelSpec, plan: Plan, device: Device) -> tuple[int, int]:
+    """(parameters, trainable parameters) of the whole model, from meta builds of one and
+    two blocks (blocks are identical)."""
+    from trainwise.step import precision_policy
+    from trainwise.step.recipe import prepare_model
+
+    counts = []
+    for n in (1, 2):
+        built = build_model_with_notes(dataclasses.replace(spec, config=with_blocks(spec.config, n)), "meta",
+                                       attention=plan.attention, batch_size=plan.batch_size, seq_len=plan.seq_len)
+        model = prepare_model(built.model, plan, precision_policy(plan.precision, device.kind), spec.task)
+        counts.append((sum(p.numel() for p in model.parameters()),
+                       sum(p.numel() for p in model.parameters() if p.requires_grad)))
+    blocks = block_count(spec.config) or 1
+    return tuple(_extrapolate_count(one, two, 1, 2, blocks) for one, two in zip(*counts))
 
 
 def _trace(spec: ModelSpec, plan: Plan, device: Device) -> tuple[StepTrace, MemoryEstimate, tuple[str, ...]]:

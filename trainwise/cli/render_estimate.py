@@ -17,13 +17,15 @@ PARTS = (
     ("activations", "activations (saved)", "predicted"),
     ("temporary", "temporaries (at peak)", "predicted"),
     ("workspace", "cuBLAS workspace", "catalog"),
+    ("communication", "communication buffers", "predicted (layout rule)"),
 )
 
 
 def render_estimate(result: EstimateResult, console: Console, by_module: bool = False) -> None:
     memory = result.memory
     console.print(_headline(result))
-    table = Table(title="Memory of one training step on one device (bytes, predicted unless marked)",
+    where = "rank 0" if result.layout else "one device"
+    table = Table(title=f"Memory of one training step on {where} (bytes, predicted unless marked)",
                   title_justify="left")
     for column, justify in (("part", "left"), ("size", "right"), ("bytes/param", "right"),
                             ("share of peak", "right"), ("live at peak", "right"), ("source", "left")):
@@ -31,7 +33,7 @@ def render_estimate(result: EstimateResult, console: Console, by_module: bool = 
     peak = memory.peak_allocated or 1
     for key, label, source in PARTS:
         value = getattr(memory, key)
-        if key in ("buffers", "workspace") and value == 0:
+        if key in ("buffers", "workspace", "communication") and value == 0:
             continue
         live = memory.at_peak.get(key, 0)
         table.add_row(label, human_bytes(value), f"{value / max(result.params, 1):.2f}",
@@ -46,7 +48,12 @@ def render_estimate(result: EstimateResult, console: Console, by_module: bool = 
         table.add_row("CUDA context", human_bytes(memory.context), "", "", "", "catalog estimate")
     table.add_row("[bold]device total[/]", human_bytes(memory.device_total), "", "", "",
                   "predicted (what nvidia-smi shows)" if result.device.kind == "cuda" else "predicted (tensor memory)")
+    if memory.host:
+        table.add_row("host memory (offloaded states)", human_bytes(memory.host), "", "", "",
+                      "predicted, not on the device")
     console.print(table)
+    if result.layout and len(result.layout["pipeline_ranks"]) > 1:
+        console.print(_pipeline_table(result))
     console.print(_fit_line(result))
     for note in result.notes:
         console.print(f"note: {note}")
@@ -64,10 +71,30 @@ def _headline(result: EstimateResult) -> str:
         knobs.append(f"LoRA r={plan.lora_rank}")
     traced = (f"; traced {result.traced_blocks[0]} and {result.traced_blocks[1]} of {result.total_blocks} blocks,"
               " extrapolated" if result.traced_blocks else "")
+    layout = ""
+    if result.layout:
+        degrees = [f"{k}={result.layout[k]}" for k in ("dp", "fsdp", "tp", "pp") if result.layout[k] > 1]
+        if result.layout["zero"]:
+            degrees.append(f"ZeRO-{result.layout['zero']}" + (" + CPU offload" if result.layout["cpu_offload"] else ""))
+        layout = f"\nlayout: {result.layout['world']} ranks ({', '.join(degrees) or 'DDP'}), shown for rank 0"
     return (f"[bold]{result.model}[/] ({result.task}): {result.params:,} parameters "
             f"({human_count(result.trainable_params)} trainable){traced}\n"
-            f"plan: {', '.join(knobs)}\n"
+            f"plan: {', '.join(knobs)}{layout}\n"
             f"device: {result.device.name} ({result.device.source})")
+
+
+def _pipeline_table(result: EstimateResult) -> Table:
+    most = result.layout["most_loaded_pipeline_rank"]
+    table = Table(title="Each pipeline rank (its data-parallel and tensor-parallel rank 0; bytes, predicted)",
+                  title_justify="left")
+    for column in ("pipeline rank", "blocks", "holds", "chunks in flight", "peak allocated", "device total"):
+        table.add_column(column, justify="left" if column == "holds" else "right")
+    for rank in result.layout["pipeline_ranks"]:
+        holds = ", ".join(name for name, on in (("embedding", rank["embedding"]), ("head", rank["head"])) if on)
+        label = str(rank["pipeline_rank"]) + (" (most loaded)" if rank["pipeline_rank"] == most else "")
+        table.add_row(label, str(rank["blocks"]), holds or "-", str(rank["chunks_in_flight"]),
+                      human_bytes(rank["peak_allocated"]), human_bytes(rank["device_total"]))
+    return table
 
 
 def _fit_line(result: EstimateResult) -> str:

@@ -21,6 +21,7 @@ class Anatomy:
     peak_allocated: int
     peak_phase: str
     peak_module: str
+    phase_at_peak: dict[str, dict[str, int]]  # live bytes per category at each phase's own peak
 
 
 def replay(trace: StepTrace, block_size=lambda nbytes: nbytes, extra_allocations=()) -> Anatomy:
@@ -34,7 +35,10 @@ def replay(trace: StepTrace, block_size=lambda nbytes: nbytes, extra_allocations
     live_total = sum(live.values())
     peak, peak_at, peak_live = -1, 0, Counter()
     max_activations = 0
+    phase_starts = {start: name for name, start in trace.phase_starts}
+    phase, phase_peaks = "setup", {}  # phase: (its peak, live bytes per category there)
     for index, (kind, key) in enumerate(trace.events):
+        phase = phase_starts.get(index, phase)
         record = records[key]
         size = block_size(record.nbytes)
         sign = 1 if kind == ALLOC else -1
@@ -44,12 +48,15 @@ def replay(trace: StepTrace, block_size=lambda nbytes: nbytes, extra_allocations
             continue
         if live_total > peak:
             peak, peak_at, peak_live = live_total, index, live.copy()
+        if live_total > phase_peaks.get(phase, (-1,))[0]:
+            phase_peaks[phase] = (live_total, live.copy())
         max_activations = max(max_activations, live["activations"])
     totals = _steady_state_totals(trace)
     totals["activations"] = max_activations if block_size(1) == 1 else _raw_activations(trace)
     totals["temporary"] = peak_live["temporary"]
     return Anatomy(totals=totals, at_peak=dict(peak_live), peak_allocated=max(peak, 0),
-                   peak_phase=_phase_at(trace, peak_at), peak_module=records[trace.events[peak_at][1]].module)
+                   peak_phase=_phase_at(trace, peak_at), peak_module=records[trace.events[peak_at][1]].module,
+                   phase_at_peak={name: dict(live) for name, (_, live) in phase_peaks.items()})
 
 
 def _steady_state_totals(trace: StepTrace) -> dict[str, int]:

@@ -49,11 +49,19 @@ class MemoryEstimate:
     # When block extrapolation falls back to a line, it takes the largest of the
     # extrapolated phase peaks, as the phase holding the peak can change with depth.
     phase_peaks: dict[str, int] = field(default_factory=dict)
+    # Under a parallel layout (trainwise/estimate/per_rank.py): communication buffers on
+    # the device at the peak, and model states moved to host memory by --cpu-offload.
+    communication: int = 0
+    host: int = 0
+    # Live bytes per category at each phase's own peak (the per-rank estimate rescales them).
+    phase_at_peak: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         data = {key: getattr(self, key) for key in MEMORY_KEYS}
         data.update(buffers=self.buffers, workspace=self.workspace, peak_phase=self.peak_phase,
                     at_peak=dict(self.at_peak))
+        if self.communication or self.host:
+            data.update(communication=self.communication, host=self.host)
         return data
 
 
@@ -81,7 +89,7 @@ def memory_from_trace(trace: StepTrace, device: Device) -> MemoryEstimate:
         workspace=workspace, context=context, peak_allocated=peak_allocated,
         peak_reserved=peak_reserved, device_total=peak_reserved + context,
         peak_phase=anatomy.peak_phase, peak_module=anatomy.peak_module, at_peak=anatomy.at_peak,
-        phase_peaks=phase_peaks)
+        phase_peaks=phase_peaks, phase_at_peak=anatomy.phase_at_peak)
 
 
 def _phase_slices(trace: StepTrace):

@@ -71,8 +71,8 @@ def trace_training_step(model: nn.Module, batch_fn, plan: Plan, target_device_ty
             recorder.track(tensor, op="weights")
         recorder.set_owners((tensor, block) for block, module in enumerate(blocks.modules)
                             for tensor in [*module.parameters(), *module.buffers()])
-        optimizer = _traced_optimizer(plan, model, target_device_type)
-        _create_optimizer_state(model, optimizer)
+        optimizer = traced_optimizer(plan, model, target_device_type)
+        create_optimizer_state(model, optimizer)
         # State a parameter's optimizer made without reading it (step counters) is its too.
         block_of = {id(p): block for block, module in enumerate(blocks.modules) for p in module.parameters()}
         recorder.set_owners((t, block_of[id(p)]) for p, state in optimizer.state.items() if id(p) in block_of
@@ -86,7 +86,7 @@ def trace_training_step(model: nn.Module, batch_fn, plan: Plan, target_device_ty
                      micro_steps, target_device_type, recorder.event_blocks, blocks.blocks)
 
 
-def _traced_optimizer(plan: Plan, model: nn.Module, target_device_type: str) -> torch.optim.Optimizer:
+def traced_optimizer(plan: Plan, model: nn.Module, target_device_type: str) -> torch.optim.Optimizer:
     if plan.optim == "adamw-8bit":
         from trainwise.step.optimizers import parameter_groups
         from trainwise.trace.bnb_state import AdamW8bitStateModel
@@ -95,7 +95,7 @@ def _traced_optimizer(plan: Plan, model: nn.Module, target_device_type: str) -> 
     return build_optimizer(plan, model, target_device_type)
 
 
-def _create_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def create_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Optimizers create their state lazily on the first step; make it exist before the
     measured step, using stand-in gradients (only shapes matter on fake tensors)."""
     for p in model.parameters():
@@ -172,7 +172,7 @@ def _host_step_counters(optimizer: torch.optim.Optimizer, recorder: AllocationRe
     and only the device's accounting (trainwise/estimate/memory.py) leaves them out."""
     keys = set()
     for group in optimizer.param_groups:
-        if group.get("fused") or group.get("capturable"):
+        if device_step_counter(group, "cuda"):
             continue
         for p in group["params"]:
             step = optimizer.state.get(p, {}).get("step")
@@ -180,3 +180,9 @@ def _host_step_counters(optimizer: torch.optim.Optimizer, recorder: AllocationRe
                 keys.add(recorder.key_of(step))
     keys.discard(None)
     return keys
+
+
+def device_step_counter(group: dict, device_type: str) -> bool:
+    """Whether this optimizer group's step counters are device memory on `device_type`
+    (see _host_step_counters)."""
+    return device_type != "cuda" or bool(group.get("fused") or group.get("capturable"))

@@ -1,0 +1,328 @@
+"""One rank's memory under a parallel layout (DDP, ZeRO-1/2/3, CPU offload, TP, PP).
+
+Two parts, each from what really runs:
+
+* **The rank's model states** (weights, gradients, optimizer states) are sized exactly:
+  the model is built on the meta device at the rank's shapes (tensor parallel divides the
+  heads, key/value heads, MLP width and vocabulary, as the engine's DTensor plan splits
+  them; a pipeline rank holds its stage's blocks, the embedding on the first stage and the
+  final norm and head on the last), then sharded as FSDP2 shards (dimension 0, rank 0
+  holding the rounded-up share) or ZeroRedundancyOptimizer partitions (whole parameters,
+  largest first, to the least loaded rank). The optimizer's states are created on fake
+  tensors of those shapes by the real optimizer, so Adafactor's factored and 8-bit Adam's
+  quantised states come out as they would.
+* **Activations and temporaries** come from the traced one-device step of the rank's
+  workload: the same tensor-parallel shapes, the stage's blocks, the pipeline chunk
+  (micro-batch / --microbatches) as batch; a pipeline stage holds the activations of as
+  many chunks as its schedule keeps in flight (trainwise/plan/partition.py).
+
+Communication buffers are added by rule and named as such: FSDP2's all-gathered blocks
+(two in flight: the running one and the prefetched one; every block of the rank from
+forward to backward under ZeRO-2, which does not reshard after forward) in the compute
+dtype, its reduce-scatter input for one block's gradients, and the pipeline's receive
+buffers (one per chunk and direction). DDP's gradient buckets are the gradients
+themselves (gradient_as_bucket_view) but live for the whole run, so they are counted at
+the peak. Tensor parallel's all-reduces work in place and add nothing that persists.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from trainwise.estimate.extrapolate import block_count, with_blocks
+from trainwise.estimate.memory import MemoryEstimate
+from trainwise.plan.layout import Layout
+from trainwise.plan.partition import (TP_FAMILY_OF, balanced_bounds, data_parallel_choice, pipeline_microbatches,
+                                      rank_stages, stage_chunks_in_flight, stages_per_rank, zero_one_owner)
+from trainwise.plan.plan import Plan
+from trainwise.step.precision import precision_policy
+
+STATE_KEYS = ("weights", "gradients", "optimizer")
+
+
+@dataclass(frozen=True)
+class RankView:
+    """What one pipeline rank holds: `blocks` of the model's blocks (its stages' together),
+    the embedding and/or the head, and how many chunks' activations it keeps at once."""
+
+    pipeline_rank: int
+    stages: tuple[int, ...]
+    blocks: int
+    block_range: tuple[int, int]  # [first, end) of its first stage, for the report
+    has_embedding: bool
+    has_head: bool
+    chunks_in_flight: int
+
+    def to_json(self) -> dict:
+        return {"pipeline_rank": self.pipeline_rank, "stages": list(self.stages), "blocks": self.blocks,
+                "first_stage_blocks": list(self.block_range), "embedding": self.has_embedding,
+                "head": self.has_head, "chunks_in_flight": self.chunks_in_flight}
+
+
+def rank_views(config, plan: Plan, layout: Layout) -> list[RankView]:
+    """One view per pipeline rank (a single view holding everything without --pp)."""
+    blocks = block_count(config) or 0
+    if layout.pp == 1:
+        return [RankView(0, (0,), blocks, (0, blocks), True, True, 1)]
+    total = layout.pp * stages_per_rank(plan.pp_schedule)
+    bounds = balanced_bounds(blocks, total)
+    microbatches = pipeline_microbatches(plan, layout.pp)
+    views = []
+    for rank in range(layout.pp):
+        stages = rank_stages(rank, layout.pp, plan.pp_schedule)
+        views.append(RankView(rank, tuple(stages), sum(bounds[s][1] - bounds[s][0] for s in stages),
+                              bounds[stages[0]], 0 in stages, total - 1 in stages,
+                              stage_chunks_in_flight(plan.pp_schedule, rank, layout.pp, microbatches)))
+    return views
+
+
+def rank_config(config, layout: Layout, blocks: int):
+    """The config whose one-device model has this rank's shapes: tensor parallel divides
+    the heads, key/value heads, MLP width and vocabulary (head size kept); `blocks` blocks."""
+    if config is None:
+        return None
+    local = with_blocks(config, blocks) if layout.pp > 1 else copy.deepcopy(config)
+    if layout.tp > 1:
+        local.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        local.num_attention_heads = config.num_attention_heads // layout.tp
+        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        local.num_key_value_heads = kv_heads // layout.tp
+        local.intermediate_size = config.intermediate_size // layout.tp
+        local.vocab_size = config.vocab_size // layout.tp
+    return local
+
+
+def rank_plan(plan: Plan, layout: Layout) -> Plan:
+    """The one-device plan whose traced step is one pipeline chunk of this rank's work."""
+    batch = plan.batch_size // pipeline_microbatches(plan, layout.pp) if layout.pp > 1 else plan.batch_size
+    precision = plan.precision
+    if precision == "bf16" and data_parallel_choice(layout).kind == "fsdp":
+        # FSDP2's bf16 policy computes on gathered bf16 copies (counted as communication
+        # buffers), not on autocast's cached casts of fp32 weights: trace bf16 weights.
+        precision = "bf16-pure"
+    return plan.replace(batch_size=batch, precision=precision, nproc=1, dp=1, fsdp=1, tp=1, pp=1, zero=None,
+                        cpu_offload=False, microbatches=None)
+
+
+def check_rank_estimate(config, layout: Layout) -> str | None:
+    """Why this layout's per-rank estimate cannot be made for this model, or None."""
+    if layout.tp > 1 and TP_FAMILY_OF.get(getattr(config, "model_type", "")) != "llama":
+        return ("the per-rank estimate for " + getattr(config, "model_type", "this model") + "; under --tp it models "
+                "the Llama family (Llama, Mistral, Qwen2), whose local shapes are a config change")
+    return None
+
+
+@dataclass(frozen=True)
+class _Param:
+    name: str
+    shape: tuple[int, ...]  # after tensor parallel
+    dtype: torch.dtype
+    trainable: bool
+    copies: int  # blocks holding one like it
+    in_block: bool
+
+
+@dataclass(frozen=True)
+class RankModel:
+    """The rank's model: its config (rank_config) and `build(blocks)`, which builds it on
+    the meta device with that many blocks (None: as configured)."""
+
+    config: object
+    build: Callable[[int | None], nn.Module]
+    task: str | None
+
+    @property
+    def single_stack(self) -> bool:
+        return self.config is not None and not getattr(self.config, "is_encoder_decoder", False)
+
+
+def rank_memory(single: MemoryEstimate, activations_by_module: dict[str, int], model: RankModel, plan: Plan,
+                layout: Layout, view: RankView, device_type: str) -> tuple[MemoryEstimate, dict]:
+    """Rank 0 of pipeline rank `view`: (its MemoryEstimate, details for the report).
+
+    `single` is the traced one-device estimate of the rank's workload (rank_config,
+    rank_plan), `activations_by_module` its saved activations per module."""
+    policy = precision_policy(plan.precision, device_type)
+    params = _rank_parameters(model, plan, policy, view)
+    choice = data_parallel_choice(layout).kind
+    shards = layout.fsdp if choice == "fsdp" else 1
+    state = _state_bytes(params, plan, device_type, shards, layout.fsdp if choice == "zero1" else 1)
+    host = 0
+    if layout.cpu_offload:
+        host = sum(state.values())
+        state = dict.fromkeys(STATE_KEYS, 0)
+    communication = _communication(params, plan, policy, layout, view, choice,
+                                   getattr(model.config, "hidden_size", 0))
+    activations = _stage_activations(single.activations, activations_by_module, view)
+    ratios = {key: (state[key] / getattr(single, key)) if getattr(single, key) else 0.0 for key in STATE_KEYS}
+    ratios["activations"] = activations / single.activations if single.activations else 0.0
+    persistent_gradients = state["gradients"] if choice in ("ddp", "zero1") else None  # buckets outlive zero_grad
+    phase, peak_allocated, at_peak = max(
+        (_phase_peak(single, phase, live, ratios, persistent_gradients, communication)
+         for phase, live in (single.phase_at_peak or {single.peak_phase: single.at_peak}).items()),
+        key=lambda candidate: candidate[1])
+    slack = single.peak_reserved - single.peak_allocated  # what the allocator model kept on top
+    peak_reserved = peak_allocated + max(slack, 0)
+    memory = dataclasses.replace(
+        single, weights=state["weights"], gradients=state["gradients"], optimizer=state["optimizer"],
+        activations=activations, peak_allocated=peak_allocated, peak_reserved=peak_reserved,
+        device_total=peak_reserved + single.context, peak_phase=phase, at_peak=at_peak, phase_peaks={},
+        phase_at_peak={}, communication=sum(communication.values()), host=host)
+    details = {**view.to_json(), "parameters": sum(p.copies * math.prod(_shard_shape(p.shape, shards)) for p in params),
+               "communication_buffers": communication}
+    return memory, details
+
+
+def _phase_peak(single: MemoryEstimate, phase: str, live: dict[str, int], ratios: dict[str, float],
+                persistent_gradients: int | None, communication: dict[str, int]) -> tuple[str, int, dict]:
+    """(phase, the rank's peak in it, live bytes per category there): the traced phase's
+    composition with model states and activations scaled to the rank's share. The optimizer
+    step's temporaries scale with the states it updates (a sharded optimizer works on
+    shards); FSDP's gathered blocks exist in forward and backward only."""
+    rank_live = dict(live)
+    for key, ratio in ratios.items():
+        rank_live[key] = round(live.get(key, 0) * ratio)
+    if persistent_gradients is not None:
+        rank_live["gradients"] = persistent_gradients
+    if phase in ("optimizer", "zero_grad"):
+        rank_live["temporary"] = round(live.get("temporary", 0) * ratios["optimizer"])
+    buffers = sum(v for name, v in communication.items() if phase in ("forward", "backward") or "fsdp" not in name)
+    if buffers:
+        rank_live["communication"] = buffers
+    base = single.phase_peaks.get(phase) or sum(live.values())  # the allocator's rounding stays
+    return phase, max(base - sum(live.values()), 0) + sum(rank_live.values()), rank_live
+
+
+def _rank_parameters(rank_model: RankModel, plan: Plan, policy, view: RankView) -> list[_Param]:
+    """The rank's parameters at their tensor-parallel shapes, built from a one-block model
+    (blocks are identical; each block parameter stands for `view.blocks` copies) where the
+    model is one stack of blocks, else from the whole model."""
+    from trainwise.step.checkpointing import largest_module_list
+    from trainwise.step.recipe import prepare_model
+
+    one_block = view.blocks > 0 and rank_model.single_stack
+    model = prepare_model(rank_model.build(1 if one_block else None), plan, policy, rank_model.task)
+    base = getattr(model, "get_base_model", lambda: model)()
+    blocks = largest_module_list(base) if one_block else None
+    in_block = {id(p) for p in blocks.parameters()} if blocks is not None else set()
+    stage_only = {}
+    if not (view.has_embedding and view.has_head):  # a pipeline stage (the Llama family)
+        stage_only.update({id(p): "embedding" for p in base.get_input_embeddings().parameters()})
+        head = base.get_output_embeddings()
+        tail = [head] if head is not None else []
+        norm = getattr(getattr(base, "model", None), "norm", None)
+        tail += [norm] if norm is not None else []
+        stage_only.update({id(p): "head" for module in tail for p in module.parameters()})
+    params = []
+    for name, param in model.named_parameters():
+        where = stage_only.get(id(param))
+        if (where == "embedding" and not view.has_embedding) or (where == "head" and not view.has_head):
+            continue
+        block = id(param) in in_block
+        params.append(_Param(name, tuple(param.shape), param.dtype, param.requires_grad,
+                             view.blocks if block else 1, block))
+    return params
+
+
+def _shard_shape(shape: tuple[int, ...], shards: int) -> tuple[int, ...]:
+    """Rank 0's FSDP2 shard: dimension 0 split, rounded up (the last ranks hold the padding)."""
+    if shards == 1 or not shape:
+        return shape
+    return (-(-shape[0] // shards), *shape[1:])
+
+
+def _state_bytes(params: list[_Param], plan: Plan, device_type: str, shards: int, zero_one_ranks: int) -> dict:
+    """Rank 0's weights, gradients and optimizer states in bytes: FSDP2 shards all three
+    over `shards` ranks; ZeRO-1 gives rank 0 the optimizer states of its partition."""
+    weights = gradients = 0
+    for p in params:
+        local = p.copies * math.prod(_shard_shape(p.shape, shards)) * p.dtype.itemsize
+        weights += local
+        gradients += local if p.trainable else 0
+    per_param, groups = _optimizer_state_bytes(params, plan, device_type, shards)
+    if zero_one_ranks > 1:
+        sizes = [[math.prod(params[i].shape) for i in group for _ in range(params[i].copies)] for group in groups]
+        owners = zero_one_owner(sizes, zero_one_ranks)
+        optimizer = 0
+        for group, group_owners in zip(groups, owners):
+            expanded = [i for i in group for _ in range(params[i].copies)]
+            optimizer += sum(per_param[i] for i, owner in zip(expanded, group_owners) if owner == 0)
+    else:
+        optimizer = sum(per_param[i] * params[i].copies for i in per_param)
+    return {"weights": weights, "gradients": gradients, "optimizer": optimizer}
+
+
+def _optimizer_state_bytes(params: list[_Param], plan: Plan, device_type: str, shards: int):
+    """({parameter index: its optimizer-state bytes on the device}, parameter indices per
+    optimizer group), from the real optimizer's state on fake tensors of the shard shapes."""
+    from trainwise.trace.step_trace import create_optimizer_state, device_step_counter, traced_optimizer
+
+    with FakeTensorMode():
+        holder = nn.Module()
+        fakes = {}
+        for index, p in enumerate(params):
+            # Names keep what decides weight decay (norm/bias markers, dimensions).
+            fake = nn.Parameter(torch.empty(_shard_shape(p.shape, shards), dtype=p.dtype), requires_grad=p.trainable)
+            holder.register_parameter(f"p{index}_" + p.name.replace(".", "_"), fake)
+            fakes[id(fake)] = index
+        optimizer = traced_optimizer(plan, holder, device_type)
+        create_optimizer_state(holder, optimizer)
+        per_param: dict[int, int] = {}
+        groups = []
+        for group in optimizer.param_groups:
+            groups.append([fakes[id(p)] for p in group["params"]])
+            for p in group["params"]:
+                state = optimizer.state.get(p, {})
+                per_param[fakes[id(p)]] = sum(
+                    t.nbytes for key, t in state.items()
+                    if isinstance(t, torch.Tensor) and (key != "step" or device_step_counter(group, device_type)))
+    return per_param, groups
+
+
+def _communication(params: list[_Param], plan: Plan, policy, layout: Layout, view: RankView, choice: str,
+                   hidden_size: int) -> dict:
+    """Communication buffers on the device at the peak, in bytes, by what they are for."""
+    buffers = {}
+    if choice == "fsdp":
+        # FSDP2's bf16 policy (trainwise/engine/parallel/fsdp.py) gathers bf16 copies and
+        # reduces in fp32; otherwise both are in the weights' dtype.
+        compute = torch.bfloat16 if policy.name == "bf16" else None
+
+        def full(selected, dtype=None):
+            return sum(p.copies * math.prod(p.shape) * (dtype or p.dtype).itemsize for p in selected)
+        block = [dataclasses.replace(p, copies=1) for p in params if p.in_block]
+        root = [p for p in params if not p.in_block]
+        one_block = full(block, compute)
+        held = view.blocks if layout.zero < 3 else min(2, view.blocks)  # ZeRO-2 keeps them to backward
+        buffers["fsdp all-gathered parameters"] = held * one_block + full(root, compute)
+        reduce = torch.float32 if compute is not None else None
+        buffers["fsdp reduce-scatter gradients"] = full([p for p in block if p.trainable], reduce)
+    if layout.pp > 1:
+        # A receive buffer per chunk: activations from the previous stage, gradients from
+        # the next one (the residual stream's dtype: the weights' dtype).
+        total = layout.pp * stages_per_rank(plan.pp_schedule)
+        directions = sum((s != 0) + (s != total - 1) for s in view.stages)
+        microbatches = pipeline_microbatches(plan, layout.pp)
+        chunk = plan.batch_size // microbatches * plan.seq_len * hidden_size * policy.param_dtype.itemsize
+        buffers["pipeline receive buffers"] = directions * microbatches * chunk
+    return {name: value for name, value in buffers.items() if value}
+
+
+def _stage_activations(traced: int, by_module: dict[str, int], view: RankView) -> int:
+    """Saved activations of the rank's stages: the traced chunk's, less what the embedding
+    or the head (logits, loss) saved where the rank holds none, times the chunks in flight."""
+    def is_head(module: str) -> bool:
+        return module == "model.norm" or not (module.startswith("model.") or module == "(model inputs)")
+
+    dropped = sum(nbytes for module, nbytes in by_module.items()
+                  if (not view.has_head and is_head(module))
+                  or (not view.has_embedding and module.startswith("model.embed_tokens")))
+    return max(traced - dropped, 0) * view.chunks_in_flight
