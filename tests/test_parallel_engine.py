@@ -50,6 +50,13 @@ FOUR_RANKS = {
     "PP 2 x DP 2": ("tiny-llama", {"pp": 2, "microbatches": 2}),
     "TP 2 x PP 2": ("tiny-llama", {"tp": 2, "pp": 2, "microbatches": 2}),
 }
+# Layouts whose whole peak the CPU probe sees (engine/memory_probe.py; not DDP's gradient
+# buckets or the pipeline's receive buffers, held in C++ from before the profiled step) and
+# sees the same in every run: where gloo's collectives overlap with compute (FSDP2
+# prefetching with accumulation or checkpointing, TP x ZeRO-3, pipelines) the measured peak
+# moved by up to one block or embedding between runs, too much for a 5 % check at this size
+# (docs/parallel.md lists those figures).
+PEAK_MEASURED_STEADILY = ("ZeRO-2", "ZeRO-3", "TP 2", "ZeRO-3 x 4", "hybrid: 2 replicas x 2 shards", "TP 2 x DP 2")
 LAYOUT_ONLY = ("zero", "cpu_offload", "fsdp", "tp", "pp", "pp_schedule", "microbatches")
 
 
@@ -103,7 +110,8 @@ def test_layouts_match_one_process(runs, world, layouts):
 @pytest.mark.parametrize("world, layouts", [(2, TWO_RANKS), (4, FOUR_RANKS)])
 def test_per_rank_estimate_matches_rank_0_model_states(runs, world, layouts):
     """`trainwise estimate` with the same layout predicts rank 0's weights, gradients and
-    optimizer states to the byte (CPU offload: all three in host memory). Under LoRA the
+    optimizer states to the byte (CPU offload: all three in host memory), and rank 0's
+    peak within 5 % where the CPU probe sees all of it, steadily. Under LoRA the
     worker sees only the trainable weights, so weights are not compared there; BERT under
     --tp is a documented limit of the estimate."""
     from trainwise.api.estimate import estimate
@@ -123,6 +131,9 @@ def test_per_rank_estimate_matches_rank_0_model_states(runs, world, layouts):
             assert memory.host == sum(real.values()), case["name"]
         else:
             assert predicted == real, case["name"]
+        if case["name"] in PEAK_MEASURED_STEADILY:
+            measured = runs[world][0][case["name"]]["peak_allocated"]
+            assert memory.peak_allocated == pytest.approx(measured, rel=0.05), case["name"]
 
 
 def test_plans_that_differ_across_ranks_are_refused(tmp_path):

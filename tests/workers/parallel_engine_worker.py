@@ -1,8 +1,8 @@
 """Runs under torchrun: trains each case of argv[1] (a JSON list of {"name", "model",
 "knobs", "steps"}) with trainwise.api.train and writes every case's loss curve (or its
 error) for the test to compare with one process, and the bytes this rank held in
-weights, gradients and optimizer states just before its last optimizer step, for the
-per-rank estimate to be checked against."""
+weights, gradients and optimizer states just before its last optimizer step and its
+measured peak, for the per-rank estimate to be checked against."""
 
 import copy
 import dataclasses
@@ -67,13 +67,14 @@ def main() -> None:
         snapshots = []
         hook = register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: snapshots.append(state_bytes(optimizer)))
         try:
-            train(model_spec(case), plan=Plan.from_dict({**knobs, "device": "cpu"}),
-                  run=RunConfig.from_dict({"steps": case["steps"], "data": "synthetic", "timing_warmup": 0}),
-                  on_step=lambda entry: losses.append(entry.outcome.loss))
+            trained = train(model_spec(case), plan=Plan.from_dict({**knobs, "device": "cpu"}),
+                            run=RunConfig.from_dict({"steps": case["steps"], "data": "synthetic", "timing_warmup": 0}),
+                            on_step=lambda entry: losses.append(entry.outcome.loss))
             # ZeRO-1 steps twice per step (its own step, then its shard's optimizer): the
             # largest of the last two is the whole picture.
             last = snapshots[-2:]
-            results[case["name"]] = {"losses": losses, "state_bytes": {k: max(s[k] for s in last) for k in last[0]}}
+            results[case["name"]] = {"losses": losses, "state_bytes": {k: max(s[k] for s in last) for k in last[0]},
+                                     "peak_allocated": trained.summary.get("peak_allocated")}
         except Exception as err:  # noqa: BLE001 - reported per case to the test
             results[case["name"]] = {"error": f"{type(err).__name__}: {err}",
                                      "traceback": traceback.format_exc()[-2000:]}

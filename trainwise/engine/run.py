@@ -193,9 +193,11 @@ def _save(run: RunConfig, state: TrainingState, setup: TrainingSetup, plan: Plan
 
 
 def _live_tensors(setup: TrainingSetup):
-    """Tensors alive at a step's start: what the CPU memory probe counts as its baseline."""
+    """Tensors alive at a step's start: what the CPU memory probe counts as its baseline.
+    (DDP's gradient buckets are held in C++ by its reducer and are not among them.)"""
+    optimizer = getattr(setup.optimizer, "optim", setup.optimizer)  # ZeRO-1: this rank's own optimizer
     for tensor in itertools.chain(setup.model.parameters(), setup.model.buffers(),
-                                  (t for state in setup.optimizer.state.values() for t in state.values())):
+                                  (t for state in optimizer.state.values() for t in state.values())):
         if isinstance(tensor, DTensor):
             yield tensor.to_local()  # this rank's shard is what its memory holds
         elif isinstance(tensor, torch.Tensor):

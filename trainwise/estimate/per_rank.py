@@ -14,15 +14,16 @@ Two parts, each from what really runs:
 * **Activations and temporaries** come from the traced one-device step of the rank's
   workload: the same tensor-parallel shapes, the stage's blocks, the pipeline chunk
   (micro-batch / --microbatches) as batch; a pipeline stage holds the activations of as
-  many chunks as its schedule keeps in flight (trainwise/plan/partition.py).
+  many chunks as its schedule keeps in flight (trainwise/plan/partition.py). Under
+  tensor parallel the head's rank adds the one tensor the vocab-parallel loss keeps
+  beyond the plain cross-entropy (measured; see _loss_parallel_extra).
 
-Communication buffers are added by rule and named as such: FSDP2's all-gathered blocks
-(two in flight: the running one and the prefetched one; every block of the rank from
-forward to backward under ZeRO-2, which does not reshard after forward) in the compute
-dtype, its reduce-scatter input for one block's gradients, and the pipeline's receive
-buffers (one per chunk and direction). DDP's gradient buckets are the gradients
-themselves (gradient_as_bucket_view) but live for the whole run, so they are counted at
-the peak. Tensor parallel's all-reduces work in place and add nothing that persists.
+Communication buffers are added by rule and named as such (_Communication): FSDP2's
+all-gathered blocks in the compute dtype, which depend on where in the step the peak
+falls, its reduce-scatter input, and the pipeline's receive buffers. DDP's gradient
+buckets are the gradients themselves (gradient_as_bucket_view) but live for the whole
+run, so they are counted at the peak. Tensor parallel's collectives add nothing that
+persists; its vocab-parallel loss adds one tensor (above).
 """
 
 from __future__ import annotations
@@ -159,14 +160,18 @@ def rank_memory(single: MemoryEstimate, activations_by_module: dict[str, int], m
     if layout.cpu_offload:
         host = sum(state.values())
         state = dict.fromkeys(STATE_KEYS, 0)
-    communication = _communication(params, plan, policy, layout, view, choice,
+    communication = _Communication(params, plan, policy, layout, view, choice,
                                    getattr(model.config, "hidden_size", 0))
-    activations = _stage_activations(single.activations, activations_by_module, view)
+    activations = (_stage_activations(single.activations, activations_by_module, view)
+                   + _loss_parallel_extra(model, plan, layout, view) * view.chunks_in_flight)
     ratios = {key: (state[key] / getattr(single, key)) if getattr(single, key) else 0.0 for key in STATE_KEYS}
     ratios["activations"] = activations / single.activations if single.activations else 0.0
     persistent_gradients = state["gradients"] if choice in ("ddp", "zero1") else None  # buckets outlive zero_grad
+    # FSDP2 skips the reduce-scatter until the last micro-batch (engine/accumulation.py), so
+    # in forward and backward the accumulated gradients are unsharded.
+    unsharded_gradients = ratios["gradients"] * shards if choice == "fsdp" and plan.grad_accum > 1 else None
     phase, peak_allocated, at_peak = max(
-        (_phase_peak(single, phase, live, ratios, persistent_gradients, communication)
+        (_phase_peak(single, phase, live, ratios, persistent_gradients, communication, unsharded_gradients)
          for phase, live in (single.phase_at_peak or {single.peak_phase: single.at_peak}).items()),
         key=lambda candidate: candidate[1])
     slack = single.peak_reserved - single.peak_allocated  # what the allocator model kept on top
@@ -175,26 +180,29 @@ def rank_memory(single: MemoryEstimate, activations_by_module: dict[str, int], m
         single, weights=state["weights"], gradients=state["gradients"], optimizer=state["optimizer"],
         activations=activations, peak_allocated=peak_allocated, peak_reserved=peak_reserved,
         device_total=peak_reserved + single.context, peak_phase=phase, at_peak=at_peak, phase_peaks={},
-        phase_at_peak={}, communication=sum(communication.values()), host=host)
+        phase_at_peak={}, communication=at_peak.get("communication", 0), host=host)
     details = {**view.to_json(), "parameters": sum(p.copies * math.prod(_shard_shape(p.shape, shards)) for p in params),
-               "communication_buffers": communication}
+               "communication_buffers": communication.at(phase, at_peak)}
     return memory, details
 
 
 def _phase_peak(single: MemoryEstimate, phase: str, live: dict[str, int], ratios: dict[str, float],
-                persistent_gradients: int | None, communication: dict[str, int]) -> tuple[str, int, dict]:
+                persistent_gradients: int | None, communication: "_Communication",
+                unsharded_gradients: float | None = None) -> tuple[str, int, dict]:
     """(phase, the rank's peak in it, live bytes per category there): the traced phase's
-    composition with model states and activations scaled to the rank's share. The optimizer
-    step's temporaries scale with the states it updates (a sharded optimizer works on
-    shards); FSDP's gathered blocks exist in forward and backward only."""
+    composition with model states and activations scaled to the rank's share, plus the
+    communication buffers alive at that point. The optimizer step's temporaries scale with
+    the states it updates (a sharded optimizer works on shards)."""
     rank_live = dict(live)
     for key, ratio in ratios.items():
         rank_live[key] = round(live.get(key, 0) * ratio)
     if persistent_gradients is not None:
         rank_live["gradients"] = persistent_gradients
+    if unsharded_gradients is not None and phase in ("forward", "backward"):
+        rank_live["gradients"] = round(live.get("gradients", 0) * unsharded_gradients)
     if phase in ("optimizer", "zero_grad"):
         rank_live["temporary"] = round(live.get("temporary", 0) * ratios["optimizer"])
-    buffers = sum(v for name, v in communication.items() if phase in ("forward", "backward") or "fsdp" not in name)
+    buffers = sum(communication.at(phase, live).values())
     if buffers:
         rank_live["communication"] = buffers
     base = single.phase_peaks.get(phase) or sum(live.values())  # the allocator's rounding stays
@@ -287,33 +295,78 @@ def _optimizer_state_bytes(params: list[_Param], plan: Plan, device_type: str, s
     return per_param, groups
 
 
-def _communication(params: list[_Param], plan: Plan, policy, layout: Layout, view: RankView, choice: str,
-                   hidden_size: int) -> dict:
-    """Communication buffers on the device at the peak, in bytes, by what they are for."""
-    buffers = {}
-    if choice == "fsdp":
-        # FSDP2's bf16 policy (trainwise/engine/parallel/fsdp.py) gathers bf16 copies and
-        # reduces in fp32; otherwise both are in the weights' dtype.
-        compute = torch.bfloat16 if policy.name == "bf16" else None
+class _Communication:
+    """The rank's communication buffers on the device, in bytes by what they are for, at a
+    point of the step (`at(phase, live)`).
 
-        def full(selected, dtype=None):
-            return sum(p.copies * math.prod(p.shape) * (dtype or p.dtype).itemsize for p in selected)
-        block = [dataclasses.replace(p, copies=1) for p in params if p.in_block]
-        root = [p for p in params if not p.in_block]
-        one_block = full(block, compute)
-        held = view.blocks if layout.zero < 3 else min(2, view.blocks)  # ZeRO-2 keeps them to backward
-        buffers["fsdp all-gathered parameters"] = held * one_block + full(root, compute)
-        reduce = torch.float32 if compute is not None else None
-        buffers["fsdp reduce-scatter gradients"] = full([p for p in block if p.trainable], reduce)
-    if layout.pp > 1:
-        # A receive buffer per chunk: activations from the previous stage, gradients from
-        # the next one (the residual stream's dtype: the weights' dtype).
-        total = layout.pp * stages_per_rank(plan.pp_schedule)
-        directions = sum((s != 0) + (s != total - 1) for s in view.stages)
-        microbatches = pipeline_microbatches(plan, layout.pp)
-        chunk = plan.batch_size // microbatches * plan.seq_len * hidden_size * policy.param_dtype.itemsize
-        buffers["pipeline receive buffers"] = directions * microbatches * chunk
-    return {name: value for name, value in buffers.items() if value}
+    FSDP2 (engine/parallel/fsdp.py) gathers a block's parameters in the compute dtype (bf16
+    under its bf16 policy, else the weights' dtype) and reduce-scatters its gradients (fp32
+    under bf16). The root unit (embedding, final norm, head) stays gathered from forward to
+    backward. ZeRO-2 keeps every block gathered from its forward to its backward; ZeRO-3
+    holds the running block and the prefetched next one in forward, and in backward the
+    running, the prefetched and the previous block's reduce-scatter input. A traced peak
+    with no gradients yet is the very start of backward: only the last block has been
+    gathered (prefetched) and nothing is being reduced (checked against gloo runs in
+    tests/test_parallel_engine.py). Under gradient accumulation FSDP2 defers the
+    reduce-scatter to the last micro-batch and holds unsharded gradients until then
+    (counted in the gradients row at the peak, not here). Pipeline receive buffers (one per chunk and direction,
+    in the residual stream's dtype) live for the whole run."""
+
+    def __init__(self, params: list[_Param], plan: Plan, policy, layout: Layout, view: RankView, choice: str,
+                 hidden_size: int):
+        self.fsdp = choice == "fsdp"
+        # With accumulation the traced gradients exist from the last micro-batch's start, so
+        # they do not tell its start from later; without checkpointing the peak is at the
+        # start (activations fall after it), with checkpointing assume later (more buffers).
+        self.gradients_mark_progress = plan.grad_accum == 1 or plan.grad_ckpt
+        self.zero = layout.zero
+        self.blocks = view.blocks
+        self.block = self.root = self.reduce_block = 0
+        if self.fsdp:
+            compute = torch.bfloat16 if policy.name == "bf16" else None
+
+            def full(selected, dtype=None):
+                return sum(math.prod(p.shape) * (dtype or p.dtype).itemsize for p in selected)
+            self.block = full([p for p in params if p.in_block], compute)
+            self.root = full([p for p in params if not p.in_block], compute)
+            reduce = torch.float32 if compute is not None else None
+            self.reduce_block = full([p for p in params if p.in_block and p.trainable], reduce)
+        self.pipeline = 0
+        if layout.pp > 1:
+            total = layout.pp * stages_per_rank(plan.pp_schedule)
+            directions = sum((s != 0) + (s != total - 1) for s in view.stages)
+            microbatches = pipeline_microbatches(plan, layout.pp)
+            chunk = plan.batch_size // microbatches * plan.seq_len * hidden_size * policy.param_dtype.itemsize
+            self.pipeline = directions * microbatches * chunk
+
+    def at(self, phase: str, live: dict[str, int]) -> dict[str, int]:
+        buffers = {"pipeline receive buffers": self.pipeline}
+        if self.fsdp and phase in ("forward", "backward"):
+            backward_started = phase == "backward" and live.get("gradients", 0) > 0 and self.gradients_mark_progress
+            if self.zero < 3:
+                gathered = self.blocks
+            elif phase == "forward" or backward_started:
+                gathered = min(2, self.blocks)
+            else:
+                gathered = min(1, self.blocks)
+            buffers["fsdp all-gathered parameters"] = self.root + gathered * self.block
+            if backward_started:
+                buffers["fsdp reduce-scatter gradients"] = self.reduce_block
+        return {name: value for name, value in buffers.items() if value}
+
+
+def _loss_parallel_extra(model: RankModel, plan: Plan, layout: Layout, view: RankView) -> int:
+    """The vocab-parallel cross-entropy (DTensor's loss_parallel, on the rank holding the
+    causal-LM head) keeps one more fp32 tensor of the local logits' size than the plain
+    cross-entropy the one-device trace runs: measured on gloo, rank 0 of tiny-llama with
+    vocabularies 1024 and 4096 held 1.02 and 1.04 local logits more than the local-shape
+    model (trainwise/engine/parallel/tensor_parallel.py; docs/parallel.md)."""
+    if layout.tp == 1 or not view.has_head or model.task != "causal-lm" or model.config is None:
+        return 0
+    if TP_FAMILY_OF.get(getattr(model.config, "model_type", "")) != "llama":
+        return 0
+    chunk = plan.batch_size // pipeline_microbatches(plan, layout.pp) if layout.pp > 1 else plan.batch_size
+    return chunk * plan.seq_len * model.config.vocab_size * 4  # model.config: already the rank's vocabulary
 
 
 def _stage_activations(traced: int, by_module: dict[str, int], view: RankView) -> int:

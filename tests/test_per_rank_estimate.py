@@ -1,0 +1,97 @@
+"""The per-rank estimate's arithmetic, without processes (tests/test_parallel_engine.py
+checks it against real ranks): shares of the model states, pipeline stages, buffers."""
+
+import copy
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+
+from trainwise.api.estimate import estimate
+from trainwise.models import resolve_model
+from trainwise.plan.plan import Plan
+
+BASE = {"batch_size": 4, "seq_len": 64, "device": "cpu"}
+
+
+def _estimate(blocks: int | None = None, **knobs):
+    spec = resolve_model("tiny-llama")
+    if blocks is not None:
+        config = copy.deepcopy(spec.config)
+        config.num_hidden_layers = blocks
+        spec = dataclasses.replace(spec, config=config)
+    return estimate(spec, Plan.from_dict({**BASE, **knobs}))
+
+
+def test_sharding_divides_the_model_states_stage_by_stage():
+    one, ddp, zero1, zero2, zero3 = (_estimate(**k).memory for k in (
+        {}, {"nproc": 4}, {"nproc": 4, "zero": 1}, {"nproc": 4, "zero": 2}, {"nproc": 4, "zero": 3}))
+    assert (ddp.weights, ddp.gradients, ddp.optimizer) == (one.weights, one.gradients, one.optimizer)
+    assert zero1.optimizer < one.optimizer / 2 and zero1.gradients == one.gradients
+    # FSDP2 pads each parameter's dimension 0 up to a multiple of the ranks: at least a quarter.
+    for sharded in (zero2, zero3):
+        assert one.weights / 4 <= sharded.weights < one.weights / 4 * 1.05
+        assert one.optimizer / 4 <= sharded.optimizer < one.optimizer / 4 * 1.05
+    assert zero2.communication >= zero3.communication > 0
+    # With more than the two blocks FSDP2 keeps gathered at once, ZeRO-2 holds more: it
+    # keeps every block gathered from forward to backward.
+    deep2, deep3 = (_estimate(blocks=6, nproc=4, zero=zero).memory for zero in (2, 3))
+    assert deep2.communication > deep3.communication
+    assert zero3.activations == one.activations  # each rank runs its own micro-batch
+
+
+def test_cpu_offload_moves_the_model_states_to_host_memory():
+    on_device, offloaded = _estimate(nproc=2, zero=3).memory, _estimate(nproc=2, zero=3, cpu_offload=True).memory
+    assert offloaded.weights == offloaded.gradients == offloaded.optimizer == 0
+    assert offloaded.host == on_device.weights + on_device.gradients + on_device.optimizer
+    assert offloaded.peak_allocated < on_device.peak_allocated
+
+
+def test_tensor_parallel_splits_everything_but_the_norms():
+    one, tp = _estimate().memory, _estimate(tp=2).memory
+    config = resolve_model("tiny-llama").config
+    norms = (2 * config.num_hidden_layers + 1) * config.hidden_size * 4  # fp32 RMSNorm weights, replicated
+    assert tp.weights == (one.weights - norms) // 2 + norms
+
+
+def test_pipeline_ranks_hold_their_blocks_and_the_first_is_most_loaded_under_1f1b():
+    result = _estimate(pp=2, microbatches=4, pp_schedule="1f1b", **{"batch_size": 8})
+    layout = result.to_json()["layout"]
+    first, last = layout["pipeline_ranks"]
+    config = resolve_model("tiny-llama").config
+    assert first["blocks"] + last["blocks"] == config.num_hidden_layers
+    assert (first["embedding"], first["head"], last["embedding"], last["head"]) == (True, False, False, True)
+    assert (first["chunks_in_flight"], last["chunks_in_flight"]) == (2, 1)  # 1F1B: pp - rank
+    assert first["parameters"] + last["parameters"] == result.params
+    assert layout["most_loaded_pipeline_rank"] in (0, 1)
+    gpipe = _estimate(pp=2, microbatches=4, pp_schedule="gpipe", **{"batch_size": 8}).to_json()["layout"]
+    assert gpipe["pipeline_ranks"][0]["chunks_in_flight"] == 4  # GPipe holds every chunk
+
+
+def test_layouts_the_estimate_cannot_model_are_refused_with_the_flag():
+    from trainwise.plan.errors import InputError
+
+    with pytest.raises(InputError, match="--tp"):
+        estimate(resolve_model("tiny-bert"), Plan.from_dict({**BASE, "tp": 2}))
+    with pytest.raises(InputError, match="--lora-rank"):
+        _estimate(tp=2, lora_rank=4)
+
+
+def test_cli_shows_rank_0_and_the_layout():
+    done = subprocess.run([sys.executable, "-m", "trainwise", "estimate", "tiny-llama", "--nproc", "4", "--tp", "2",
+                           "--zero", "3", "--json"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    layout = json.loads(done.stdout)["layout"]
+    assert (layout["world"], layout["fsdp"], layout["tp"], layout["zero"]) == (4, 2, 2, 3)
+    table = subprocess.run([sys.executable, "-m", "trainwise", "estimate", "tiny-llama", "--pp", "2"],
+                           capture_output=True, text=True, timeout=120, env={"COLUMNS": "160", **_env()})
+    assert table.returncode == 0, table.stderr
+    assert "rank 0" in table.stdout and "pipeline" in table.stdout and "communication" in table.stdout
+
+
+def _env():
+    import os
+
+    return dict(os.environ)
