@@ -70,6 +70,12 @@ def test_export_without_a_process_group(saved, tmp_path):
     assert set(saved_weights) <= set(exported)
     for name, tensor in saved_weights.items():
         assert torch.equal(exported[name], tensor), name
+    # The run's --output (or its checkpoints/latest pointer) means its newest checkpoint.
+    from trainwise.api.export import export_checkpoint
+
+    for alias in (tmp / "run", tmp / "run" / "checkpoints" / "latest"):
+        again = export_checkpoint(alias, tmp_path / f"hf-{alias.name}")
+        assert (again / "model.safetensors").read_bytes() == (tmp_path / "hf" / "model.safetensors").read_bytes()
 
 
 def test_export_refuses_what_is_not_a_checkpoint(tmp_path):

@@ -20,11 +20,14 @@ _HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "mode
 
 
 def export_checkpoint(checkpoint, out) -> Path:
-    checkpoint, out = Path(checkpoint), Path(out)
+    """Export `checkpoint` (a checkpoint directory, the `latest` pointer beside it, the
+    checkpoints directory or the run's --output: the latter three mean the newest complete
+    one) to the Hugging Face directory `out`."""
+    checkpoint, out = _resolve(Path(checkpoint)), Path(out)
     info_file = checkpoint / "trainwise.json"
     if not info_file.is_file():
         raise InputError("CHECKPOINT", f"{checkpoint} is not a trainwise checkpoint (no trainwise.json); pass a "
-                                       "directory such as OUTPUT/checkpoints/step-00000100")
+                                       "directory such as OUTPUT/checkpoints/step-00000100, or OUTPUT")
     info = json.loads(info_file.read_text())
     if (info.get("plan") or {}).get("lora_rank"):
         raise InputError("CHECKPOINT", "LoRA checkpoints: use the run's final/ and final-adapter/ exports")
@@ -34,6 +37,20 @@ def export_checkpoint(checkpoint, out) -> Path:
         else:
             _copy_hf_files(checkpoint, tmp)
     return out
+
+
+def _resolve(path: Path) -> Path:
+    from trainwise.engine.checkpoint import CHECKPOINTS, LATEST, latest_checkpoint
+
+    if (path / "trainwise.json").is_file():
+        return path
+    if path.name == LATEST and path.is_file():
+        output = path.parent.parent
+    elif path.name == CHECKPOINTS and path.is_dir():
+        output = path.parent
+    else:
+        output = path
+    return latest_checkpoint(output) or path
 
 
 def _from_distributed(checkpoint: Path, target: Path) -> None:
