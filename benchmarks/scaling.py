@@ -1,0 +1,166 @@
+"""Step time and per-rank memory of each parallel layout, on the devices present.
+
+Every layout is one `trainwise train --nproc N` launch (fresh processes, synthetic data),
+so one layout's memory never leaks into the next. On a CPU the processes share the
+machine's cores (gloo): the step times show each layout's communication and scheduling
+cost against one process, not a speed-up. On GPUs each rank has its own device.
+
+    python benchmarks/scaling.py                        # tiny-llama, 2 and 4 CPU processes
+    python benchmarks/scaling.py --model tiny-llama --nproc 4 --steps 8 --out scaling-results
+    python benchmarks/scaling.py --offload-demo         # one GPU: ZeRO-3 + CPU offload vs plain
+
+Writes `results.json` and `results.md` in --out (atomically) and prints one JSON line per
+layout: status, seconds per step (measured, median of the timed steps), samples/s and
+rank 0's measured peak allocated, next to the estimate for rank 0 where it can be made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from trainwise.plan.atomic import atomic_write_text
+from trainwise.plan.units import human_bytes
+
+# (name, processes, layout knobs). Processes are capped by --nproc.
+LAYOUTS = (
+    ("single process", 1, {}),
+    ("DDP", 2, {}),
+    ("ZeRO-1", 2, {"zero": 1}),
+    ("ZeRO-2", 2, {"zero": 2}),
+    ("ZeRO-3", 2, {"zero": 3}),
+    ("ZeRO-3 + CPU offload", 2, {"zero": 3, "cpu_offload": True}),
+    ("TP 2", 2, {"tp": 2}),
+    ("PP 2, 1F1B", 2, {"pp": 2, "pp_schedule": "1f1b"}),
+    ("DDP 4", 4, {}),
+    ("ZeRO-3 4", 4, {"zero": 3}),
+    ("TP 2 x DP 2", 4, {"tp": 2}),
+    ("PP 2 x DP 2", 4, {"pp": 2}),
+    ("TP 2 x PP 2", 4, {"tp": 2, "pp": 2}),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="tiny-llama")
+    parser.add_argument("--nproc", type=int, default=None, help="most processes per layout (default: GPUs, or 4)")
+    parser.add_argument("--batch-size", type=int, default=4, help="micro-batch per data-parallel rank")
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--precision", default=None, help="default: bf16 on a GPU, fp32 on a CPU")
+    parser.add_argument("--out", default="scaling-results")
+    parser.add_argument("--offload-demo", action="store_true",
+                        help="one GPU: a model too large for plain training, then ZeRO-3 + CPU offload")
+    parser.add_argument("--timeout", type=float, default=900.0)
+    args = parser.parse_args(argv)
+    gpus = torch.cuda.device_count()
+    device = "cuda" if gpus else "cpu"
+    most = args.nproc or (gpus if gpus else 4)
+    precision = args.precision or ("bf16" if gpus else "fp32")
+    layouts = _offload_demo() if args.offload_demo else [l for l in LAYOUTS if l[1] <= most]
+    model = "Llama-3.2-3B" if args.offload_demo and args.model == "tiny-llama" else args.model
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="scaling-") as scratch:
+        for name, nproc, layout in layouts:
+            knobs = {"device": device, "precision": precision, "batch_size": args.batch_size,
+                     "seq_len": args.seq_len, **layout}
+            row = _run(name, nproc, model, knobs, args, Path(scratch))
+            row["predicted_peak_allocated_rank0"] = _predicted_peak(model, {**knobs, "nproc": nproc})
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "results.json", json.dumps(rows, indent=2))
+    atomic_write_text(out / "results.md", _markdown(rows, model, device, args))
+    return 0
+
+
+def _offload_demo():
+    return (("one GPU, plain", 1, {}), ("one GPU, ZeRO-3 + CPU offload", 1, {"zero": 3, "cpu_offload": True}))
+
+
+def _flags(knobs: dict) -> list[str]:
+    flags = []
+    for key, value in knobs.items():
+        flag = "--" + key.replace("_", "-")
+        flags += [flag] if value is True else [flag, str(value)]
+    return flags
+
+
+def _predicted_peak(model: str, knobs: dict) -> int | None:
+    """Rank 0's predicted peak allocated for the same plan (None where it cannot be made)."""
+    from trainwise.api.estimate import estimate
+    from trainwise.models import resolve_model
+    from trainwise.plan.errors import InputError
+    from trainwise.plan.plan import Plan
+
+    try:
+        return estimate(resolve_model(model), Plan.from_dict(knobs)).memory.peak_allocated
+    except InputError:
+        return None
+
+
+def _run(name: str, nproc: int, model: str, knobs: dict, args, scratch: Path) -> dict:
+    metrics = scratch / f"{name.replace(' ', '_')}.jsonl"
+    command = [sys.executable, "-m", "trainwise", "train", model, *_flags(knobs), "--nproc", str(nproc),
+               "--steps", str(args.steps), "--data", "synthetic", "--metrics", str(metrics)]
+    row = {"layout": name, "nproc": nproc, "command": "trainwise " + " ".join(command[3:]).replace(str(metrics), "M")}
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {**row, "status": "error", "reason": f"timed out after {args.timeout:.0f} s"}
+    if done.returncode != 0:
+        status = {2: "skipped", 3: "oom"}.get(done.returncode, "error")
+        lines = [l for l in done.stderr.strip().splitlines() if l.strip()]
+        return {**row, "status": status, "reason": lines[-1] if lines else f"exit code {done.returncode}"}
+    entries = [json.loads(l) for l in metrics.read_text().splitlines() if l.strip()]
+    steps = [e for e in entries if "summary" not in e]
+    summary = next((e["summary"] for e in entries if "summary" in e), {})
+    timed = [e["step_time_s"] for e in steps[2:] if e.get("step_time_s")]
+    return {**row, "status": "ok", "seconds_per_step": statistics.median(timed) if timed else None,
+            "samples_per_s": summary.get("samples_per_s"), "peak_allocated_rank0": summary.get("peak_allocated"),
+            "final_loss": summary.get("final_loss")}
+
+
+def _markdown(rows: list[dict], model: str, device: str, args) -> str:
+    lines = [f"# Parallel layouts: {model} on {device}", "",
+             f"Versions: torch {torch.__version__}, Python {platform.python_version()}; {platform.platform()}.",
+             f"Micro-batch {args.batch_size} x {args.seq_len} per data-parallel rank, {args.steps} steps, "
+             "synthetic data. Seconds per step and memory are measured (median of the steps after two warm-up "
+             "steps; memory is rank 0's peak allocated); predicted is `trainwise estimate` for rank 0.", "",
+             "| layout | processes | status | s/step | samples/s | peak allocated rank 0 | predicted | error | final loss |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        status = r["status"] + (f": {r.get('reason')}" if r["status"] != "ok" else "")
+        lines.append("| " + " | ".join([
+            r["layout"], str(r["nproc"]), status.replace("|", "/"), _fmt(r.get("seconds_per_step"), ".3f"),
+            _fmt(r.get("samples_per_s"), ".1f"), _bytes(r.get("peak_allocated_rank0")),
+            _bytes(r.get("predicted_peak_allocated_rank0")), _error(r), _fmt(r.get("final_loss"), ".4f")]) + " |")
+    lines += ["", "Commands (M: the metrics file):", ""] + [f"- {r['layout']}: `{r['command']}`" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _error(row: dict) -> str:
+    """(predicted - measured) / measured, in %."""
+    measured, predicted = row.get("peak_allocated_rank0"), row.get("predicted_peak_allocated_rank0")
+    return "n/a" if not measured or predicted is None else f"{(predicted - measured) / measured * 100:+.1f} %"
+
+
+def _fmt(value, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def _bytes(value) -> str:
+    return "n/a" if value is None else human_bytes(value)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
