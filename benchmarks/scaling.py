@@ -88,10 +88,13 @@ def _offload_demo():
 
 
 def _flags(knobs: dict) -> list[str]:
+    """The command-line flags of `knobs`, as the Plan declares them."""
+    from trainwise.plan.plan import Plan
+
+    flag_of = {spec.name: spec.flag for spec in Plan.specs()}
     flags = []
     for key, value in knobs.items():
-        flag = "--" + key.replace("_", "-")
-        flags += [flag] if value is True else [flag, str(value)]
+        flags += [flag_of[key]] if value is True else [flag_of[key], str(value)]
     return flags
 
 

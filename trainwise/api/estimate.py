@@ -14,7 +14,8 @@ from trainwise.estimate.extrapolate import (TRACED_BLOCKS, CannotSynthesize, blo
                                              synthesize_trace, with_blocks)
 from trainwise.estimate.memory import MemoryEstimate, memory_from_trace
 from trainwise.hardware import Device, resolve_device
-from trainwise.models import ModelSpec, build_model_with_notes, check_seq_len, example_batch, resolve_model
+from trainwise.models import (ModelSpec, build_model_with_notes, check_seq_len, count_parameters, example_batch,
+                              resolve_model)
 from trainwise.plan.errors import NotSupportedYet
 from trainwise.plan.layout import resolve_layout
 from trainwise.plan.partition import check_model_layout, data_parallel_choice
@@ -137,12 +138,11 @@ def _per_rank(spec: ModelSpec, plan: Plan, device: Device) -> EstimateResult:
         first = first or (memory, single)
     memory, single = first
     most = max(range(len(ranks)), key=lambda i: ranks[i]["device_total"])
-    summary = {"world": layout.world, "dp": layout.dp, "fsdp": layout.fsdp, "tp": layout.tp, "pp": layout.pp,
-               "zero": layout.zero, "cpu_offload": layout.cpu_offload,
+    summary = {"description": layout.describe(), "world": layout.world, "dp": layout.dp, "fsdp": layout.fsdp,
+               "tp": layout.tp, "pp": layout.pp, "zero": layout.zero, "cpu_offload": layout.cpu_offload,
                "data_parallel": data_parallel_choice(layout).kind, "rank": 0,
                "pipeline_ranks": ranks, "most_loaded_pipeline_rank": most}
-    notes = (*single.notes, f"layout: {layout.describe()}; memory is rank 0's (its pipeline stage, shard and "
-                            "tensor-parallel slice)")
+    notes = (*single.notes, "memory is rank 0's: its pipeline stage, data-parallel shard and tensor-parallel slice")
     full = _counts(spec, plan, device)
     return dataclasses.replace(single, model=spec.name, plan=plan, memory=memory, params=full[0],
                                trainable_params=full[1], notes=notes, layout=summary)
@@ -159,8 +159,7 @@ def _counts(spec: ModelSpec, plan: Plan, device: Device) -> tuple[int, int]:
         built = build_model_with_notes(dataclasses.replace(spec, config=with_blocks(spec.config, n)), "meta",
                                        attention=plan.attention, batch_size=plan.batch_size, seq_len=plan.seq_len)
         model = prepare_model(built.model, plan, precision_policy(plan.precision, device.kind), spec.task)
-        counts.append((sum(p.numel() for p in model.parameters()),
-                       sum(p.numel() for p in model.parameters() if p.requires_grad)))
+        counts.append((count_parameters(model), count_parameters(model, trainable_only=True)))
     blocks = block_count(spec.config) or 1
     return tuple(_extrapolate_count(one, two, 1, 2, blocks) for one, two in zip(*counts))
 

@@ -23,7 +23,6 @@ from trainwise.api.estimate import estimate
 from trainwise.api.oom_advice import oom_message
 from trainwise.engine.data import build_data
 from trainwise.engine.flops import count_training_flops, peak_flops_for
-from trainwise.engine.parallel.apply import check_layout_supported
 from trainwise.engine.parallel.consistency import check_same_settings, settings_of
 from trainwise.engine.parallel.mesh import Distributed, start_distributed
 from trainwise.engine.run import RunOutcome, StepLog, run_training
@@ -34,6 +33,7 @@ from trainwise.hardware import resolve_device
 from trainwise.models import ModelSpec, build_model_with_notes, check_seq_len, example_batch, resolve_model
 from trainwise.models.pretrained import has_weights, load_pretrained
 from trainwise.plan.errors import InputError, OutOfMemory
+from trainwise.plan.partition import check_layout_combination
 from trainwise.plan.plan import Plan
 
 
@@ -73,7 +73,7 @@ def train(model: str | ModelSpec | nn.Module = "tiny-llama", data: str | Iterabl
         plan = plan.replace(device=device.type)
     distributed = start_distributed(plan, device.type)
     if distributed.mesh is not None:
-        check_layout_supported(plan, distributed)
+        check_layout_combination(plan, distributed.layout)  # before any model is built
         check_same_settings(settings_of(plan, run), distributed)
         if device.type == "cuda":
             device = torch.device("cuda", distributed.local_rank)

@@ -71,12 +71,7 @@ def _headline(result: EstimateResult) -> str:
         knobs.append(f"LoRA r={plan.lora_rank}")
     traced = (f"; traced {result.traced_blocks[0]} and {result.traced_blocks[1]} of {result.total_blocks} blocks,"
               " extrapolated" if result.traced_blocks else "")
-    layout = ""
-    if result.layout:
-        degrees = [f"{k}={result.layout[k]}" for k in ("dp", "fsdp", "tp", "pp") if result.layout[k] > 1]
-        if result.layout["zero"]:
-            degrees.append(f"ZeRO-{result.layout['zero']}" + (" + CPU offload" if result.layout["cpu_offload"] else ""))
-        layout = f"\nlayout: {result.layout['world']} ranks ({', '.join(degrees) or 'DDP'}), shown for rank 0"
+    layout = f"\nlayout: {result.layout['description']}, shown for rank 0" if result.layout else ""
     return (f"[bold]{result.model}[/] ({result.task}): {result.params:,} parameters "
             f"({human_count(result.trainable_params)} trainable){traced}\n"
             f"plan: {', '.join(knobs)}{layout}\n"

@@ -93,8 +93,8 @@ def compile_model(model: nn.Module, plan: Plan) -> nn.Module:
 
 def _apply_distributed(model: nn.Module, plan: Plan, policy: PrecisionPolicy, device: torch.device,
                        total_steps: int, task: str | None, distributed: Distributed) -> TrainingSetup:
-    from trainwise.engine.parallel.apply import (after_placement, data_parallel, data_parallel_kind, split_pipeline,
-                                                 tensor_parallel)
+    from trainwise.engine.parallel.apply import after_placement, data_parallel, split_pipeline, tensor_parallel
+    from trainwise.plan.partition import data_parallel_choice
 
     model = tensor_parallel(model, distributed)
     model = prepare_model(model, plan, policy, task)
@@ -105,7 +105,7 @@ def _apply_distributed(model: nn.Module, plan: Plan, policy: PrecisionPolicy, de
             part.compile(mode=None if plan.compile_mode == "default" else plan.compile_mode)
     parts, forwards = data_parallel(parts, plan, policy, distributed, device)
     saved = parts[0] if len(parts) == 1 else nn.ModuleList(parts)
-    if data_parallel_kind(distributed).kind == "zero1":
+    if data_parallel_choice(distributed.layout).kind == "zero1":
         from trainwise.engine.parallel.data_parallel import zero_one_optimizer
 
         optimizer = zero_one_optimizer(saved, plan, distributed.submesh("fsdp").get_group(), device.type)

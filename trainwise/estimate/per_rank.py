@@ -166,12 +166,9 @@ def rank_memory(single: MemoryEstimate, activations_by_module: dict[str, int], m
                    + _loss_parallel_extra(model, plan, layout, view) * view.chunks_in_flight)
     ratios = {key: (state[key] / getattr(single, key)) if getattr(single, key) else 0.0 for key in STATE_KEYS}
     ratios["activations"] = activations / single.activations if single.activations else 0.0
-    persistent_gradients = state["gradients"] if choice in ("ddp", "zero1") else None  # buckets outlive zero_grad
-    # FSDP2 skips the reduce-scatter until the last micro-batch (engine/accumulation.py), so
-    # in forward and backward the accumulated gradients are unsharded.
-    unsharded_gradients = ratios["gradients"] * shards if choice == "fsdp" and plan.grad_accum > 1 else None
+    gradients_at = _rank_gradients(choice, plan, state["gradients"], ratios["gradients"], shards)
     phase, peak_allocated, at_peak = max(
-        (_phase_peak(single, phase, live, ratios, persistent_gradients, communication, unsharded_gradients)
+        (_phase_peak(single, phase, live, ratios, gradients_at, communication)
          for phase, live in (single.phase_at_peak or {single.peak_phase: single.at_peak}).items()),
         key=lambda candidate: candidate[1])
     slack = single.peak_reserved - single.peak_allocated  # what the allocator model kept on top
@@ -186,9 +183,22 @@ def rank_memory(single: MemoryEstimate, activations_by_module: dict[str, int], m
     return memory, details
 
 
+def _rank_gradients(choice: str, plan: Plan, gradients: int, ratio: float, shards: int):
+    """`at(phase, live)`: the rank's gradient bytes alive at a traced point. DDP's buckets
+    (ZeRO-1 runs on DDP) hold them from the first backward on, past zero_grad. FSDP2 skips
+    the reduce-scatter until the last micro-batch (engine/accumulation.py), so with
+    accumulation the gradients alive in forward and backward are unsharded. Otherwise
+    the traced gradients at the rank's share."""
+    def at(phase: str, live: dict[str, int]) -> int:
+        if choice in ("ddp", "zero1"):
+            return gradients
+        unsharded = choice == "fsdp" and plan.grad_accum > 1 and phase in ("forward", "backward")
+        return round(live.get("gradients", 0) * ratio * (shards if unsharded else 1))
+    return at
+
+
 def _phase_peak(single: MemoryEstimate, phase: str, live: dict[str, int], ratios: dict[str, float],
-                persistent_gradients: int | None, communication: "_Communication",
-                unsharded_gradients: float | None = None) -> tuple[str, int, dict]:
+                gradients_at: Callable[[str, dict], int], communication: "_Communication") -> tuple[str, int, dict]:
     """(phase, the rank's peak in it, live bytes per category there): the traced phase's
     composition with model states and activations scaled to the rank's share, plus the
     communication buffers alive at that point. The optimizer step's temporaries scale with
@@ -196,10 +206,7 @@ def _phase_peak(single: MemoryEstimate, phase: str, live: dict[str, int], ratios
     rank_live = dict(live)
     for key, ratio in ratios.items():
         rank_live[key] = round(live.get(key, 0) * ratio)
-    if persistent_gradients is not None:
-        rank_live["gradients"] = persistent_gradients
-    if unsharded_gradients is not None and phase in ("forward", "backward"):
-        rank_live["gradients"] = round(live.get("gradients", 0) * unsharded_gradients)
+    rank_live["gradients"] = gradients_at(phase, live)
     if phase in ("optimizer", "zero_grad"):
         rank_live["temporary"] = round(live.get("temporary", 0) * ratios["optimizer"])
     buffers = sum(communication.at(phase, live).values())

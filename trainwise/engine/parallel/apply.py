@@ -18,18 +18,9 @@ import torch
 from torch import nn
 
 from trainwise.engine.parallel.mesh import Distributed
-from trainwise.plan.partition import DataParallelChoice, check_layout_combination, data_parallel_choice
+from trainwise.plan.partition import data_parallel_choice
 from trainwise.plan.plan import Plan
 from trainwise.step.precision import PrecisionPolicy
-
-
-def data_parallel_kind(distributed: Distributed) -> DataParallelChoice:
-    return data_parallel_choice(distributed.layout)
-
-
-def check_layout_supported(plan: Plan, distributed: Distributed) -> None:
-    """Combinations that cannot work, said before any model is built."""
-    check_layout_combination(plan, distributed.layout)
 
 
 def tensor_parallel(model: nn.Module, distributed: Distributed) -> nn.Module:
@@ -51,7 +42,7 @@ def after_placement(model: nn.Module, distributed: Distributed) -> None:
 def data_parallel(parts: list[nn.Module], plan: Plan, policy: PrecisionPolicy, distributed: Distributed,
                   device: torch.device) -> tuple[list[nn.Module], list[nn.Module]]:
     """Wrap or shard each model part; returns (parts to save and optimize, what forward calls)."""
-    choice = data_parallel_kind(distributed)
+    choice = data_parallel_choice(distributed.layout)
     layout = distributed.layout
     if choice.kind == "none":
         return parts, parts
