@@ -35,7 +35,7 @@ def model_spec(case: dict):
     config = copy.deepcopy(spec.config)
     for key, value in case["config"].items():
         setattr(config, key, value)
-    return dataclasses.replace(spec, config=config)
+    return dataclasses.replace(spec, config=config, vocab_size=getattr(config, "vocab_size", spec.vocab_size))
 
 
 def state_bytes(optimizer) -> dict:
