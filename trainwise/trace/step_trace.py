@@ -13,6 +13,7 @@ from trainwise.plan.plan import Plan
 from trainwise.step import build_optimizer, compute_loss, precision_policy
 from trainwise.step.precision import PrecisionPolicy
 from trainwise.trace.autocast_policy import autocast_for_target, cuda_autocast_kernels
+from trainwise.trace.cuda_kernels import cuda_kernel_choices
 from trainwise.trace.blocks import BlockTracker
 from trainwise.trace.fake_model import materialize_fake
 from trainwise.trace.module_scope import ModuleScope
@@ -64,8 +65,8 @@ def trace_training_step(model: nn.Module, batch_fn, plan: Plan, target_device_ty
     scope = ModuleScope(model)
     blocks = BlockTracker(model)
     recorder = AllocationRecorder(scope, blocks)
-    with traceable_experts(), fake_tensors_are_not_tracing(), FakeTensorMode(allow_non_fake_inputs=False), \
-            scope, blocks, recorder:
+    with traceable_experts(), fake_tensors_are_not_tracing(), cuda_kernel_choices(target_device_type), \
+            FakeTensorMode(allow_non_fake_inputs=False), scope, blocks, recorder:
         materialize_fake(model, "cpu")
         for tensor in [*model.parameters(), *model.buffers()]:
             recorder.track(tensor, op="weights")

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Every GPU validation the issues ask for, in one launch on a machine with one CUDA GPU:
+#
+#   bash benchmarks/gpu_validation.sh DIR STAGE...
+#
+# STAGE: smoke | memory | vs-trainer | offload | bench. Each stage has its own time limit
+# (seconds, env LIMIT_<STAGE>) so a slow one cannot starve the rest; each writes its log
+# and results under DIR. Uses the python3 on PATH (set PYTHON to choose another); runs
+# from a checkout without installing it (PYTHONPATH), so a machine without package
+# registries works if torch, transformers, peft, rich, pyyaml and nvidia-ml-py are there.
+set -u
+out=${1:?usage: gpu_validation.sh DIR STAGE...}
+shift
+mkdir -p "$out"
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo"
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+
+stage() {  # stage NAME LIMIT COMMAND...: run with a limit, log to DIR/NAME.log, say how it ended
+  local name=$1 limit=$2
+  shift 2
+  local started=$SECONDS
+  echo "=== $name (limit ${limit} s): $*"
+  timeout -k 10 "$limit" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  echo "=== $name: exit $rc after $((SECONDS - started)) s"
+  tail -n 5 "$out/$name.log"
+}
+
+for name in "$@"; do
+  case $name in
+    smoke)
+      stage versions 60 $py -c "import torch, transformers, peft, platform; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'peft', peft.__version__, 'python', platform.python_version(), torch.cuda.get_device_name(0))"
+      stage env 60 $py -m trainwise env
+      stage smoke-train "${LIMIT_SMOKE:-120}" $py -m trainwise train tiny-llama --device cuda --precision bf16 --steps 5 --data synthetic --out "$out/smoke-run"
+      ;;
+    memory)
+      stage memory "${LIMIT_MEMORY:-330}" $py benchmarks/validate_memory.py --out "$out/memory.md" ${MEMORY_ONLY:+--only "$MEMORY_ONLY"}
+      ;;
+    vs-trainer)
+      stage vs-trainer-bert-large "${LIMIT_VS_BERT:-120}" $py benchmarks/vs_hf_trainer.py --case bert-large --repeats 2 --steps 30
+      stage vs-trainer-llama-1b "${LIMIT_VS_LLAMA:-170}" $py benchmarks/vs_hf_trainer.py --case llama-1b --repeats 2 --steps 20
+      ;;
+    offload)
+      stage offload "${LIMIT_OFFLOAD:-300}" $py benchmarks/scaling.py --offload-demo --out "$out/offload" --timeout 280 --debug
+      ;;
+    bench)
+      stage bench "${LIMIT_BENCH:-330}" $py -m trainwise bench --out "$out/bench"
+      ;;
+    *)
+      echo "unknown stage $name (smoke, memory, vs-trainer, offload, bench)" >&2
+      exit 2
+      ;;
+  esac
+done
