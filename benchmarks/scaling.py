@@ -9,6 +9,11 @@ cost against one process, not a speed-up. On GPUs each rank has its own device.
     python benchmarks/scaling.py --model tiny-llama --nproc 4 --steps 8 --out scaling-results
     python benchmarks/scaling.py --offload-demo         # one GPU: ZeRO-3 + CPU offload vs plain
 
+The offload demo's defaults (Llama-3.1-8B, bf16-pure, batch 4 x 2048, 3 steps) are sized for
+an 80 GB GPU with >= 96 GiB of host memory: the estimate says the plain step peaks at ~106 GiB
+allocated, the offloaded one at ~63 GiB plus ~60 GiB of host memory for the offloaded
+states (docs/results/offload-H100.md). Pass --model/--batch-size/--seq-len for another GPU.
+
 Writes `results.json` and `results.md` in --out (atomically) and prints one JSON line per
 layout: status, seconds per step (measured, median of the timed steps), samples/s and
 rank 0's measured peak allocated, next to the estimate for rank 0 where it can be made.
@@ -50,23 +55,33 @@ LAYOUTS = (
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="tiny-llama")
+    parser.add_argument("--model", default=None, help="default: tiny-llama (Llama-3.1-8B with --offload-demo)")
     parser.add_argument("--nproc", type=int, default=None, help="most processes per layout (default: GPUs, or 4)")
-    parser.add_argument("--batch-size", type=int, default=4, help="micro-batch per data-parallel rank")
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--precision", default=None, help="default: bf16 on a GPU, fp32 on a CPU")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="micro-batch per data-parallel rank (default 4)")
+    parser.add_argument("--seq-len", type=int, default=None, help="default 128 (2048 with --offload-demo)")
+    parser.add_argument("--steps", type=int, default=None, help="default 8 (3 with --offload-demo)")
+    parser.add_argument("--precision", default=None,
+                        help="default: bf16 on a GPU (bf16-pure with --offload-demo), fp32 on a CPU")
     parser.add_argument("--out", default="scaling-results")
     parser.add_argument("--offload-demo", action="store_true",
                         help="one GPU: a model too large for plain training, then ZeRO-3 + CPU offload")
     parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--debug", action="store_true", help="pass --debug to each run (tracebacks in its log)")
     args = parser.parse_args(argv)
     gpus = torch.cuda.device_count()
     device = "cuda" if gpus else "cpu"
     most = args.nproc or (gpus if gpus else 4)
-    precision = args.precision or ("bf16" if gpus else "fp32")
-    layouts = _offload_demo() if args.offload_demo else [l for l in LAYOUTS if l[1] <= most]
-    model = "Llama-3.2-3B" if args.offload_demo and args.model == "tiny-llama" else args.model
+    demo = args.offload_demo
+    # The demo's defaults: a model whose full-parameter bf16 step does not fit an 80 GB GPU
+    # but whose offloaded states (bf16 weights, gradients and Adam moments: 8 B/parameter)
+    # fit a host with >= 96 GiB; fp32 master weights would need 16 B/parameter there.
+    model = args.model or ("Llama-3.1-8B" if demo else "tiny-llama")
+    args.batch_size = args.batch_size or 4
+    args.seq_len = args.seq_len or (2048 if demo else 128)
+    args.steps = args.steps or (3 if demo else 8)
+    precision = args.precision or (("bf16-pure" if demo else "bf16") if gpus else "fp32")
+    layouts = _offload_demo() if demo else [l for l in LAYOUTS if l[1] <= most]
     rows = []
     with tempfile.TemporaryDirectory(prefix="scaling-") as scratch:
         for name, nproc, layout in layouts:
@@ -115,11 +130,15 @@ def _run(name: str, nproc: int, model: str, knobs: dict, args, scratch: Path) ->
     metrics = scratch / f"{name.replace(' ', '_')}.jsonl"
     command = [sys.executable, "-m", "trainwise", "train", model, *_flags(knobs), "--nproc", str(nproc),
                "--steps", str(args.steps), "--data", "synthetic", "--metrics", str(metrics)]
+    if args.debug:
+        command.append("--debug")
     row = {"layout": name, "nproc": nproc, "command": "trainwise " + " ".join(command[3:]).replace(str(metrics), "M")}
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
         return {**row, "status": "error", "reason": f"timed out after {args.timeout:.0f} s"}
+    if args.debug:
+        print(done.stderr[-6000:], file=sys.stderr, flush=True)
     if done.returncode != 0:
         status = {2: "skipped", 3: "oom"}.get(done.returncode, "error")
         lines = [l for l in done.stderr.strip().splitlines() if l.strip()]

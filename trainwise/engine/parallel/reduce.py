@@ -25,7 +25,7 @@ def plain_loss(loss: torch.Tensor) -> torch.Tensor:
 def mean_loss(local: torch.Tensor | None, distributed: Distributed) -> float:
     """The step's loss averaged over the ranks that computed one (pipeline ranks other
     than the last have none; tensor-parallel peers hold the same value)."""
-    value = local.detach().float().reshape(()) if local is not None else torch.zeros(())
+    value = local.detach().float().reshape(()).cpu() if local is not None else torch.zeros(())
     pair = torch.stack([value, torch.ones(()) if local is not None else torch.zeros(())])
     pair = pair.to(_collective_device(distributed))
     dist.all_reduce(pair)
@@ -39,6 +39,9 @@ def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float, distri
     grads = [p.grad for p in parameters if p.grad is not None]
     squares = torch.zeros((), dtype=torch.float64)
     for group in _groups(grads):
+        if distributed.layout.cpu_offload and isinstance(group[0], DTensor):
+            squares += _offloaded_squares(group, distributed)
+            continue
         norm = torch.nn.utils.get_total_norm(group, norm_type=2.0, foreach=True)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
@@ -53,6 +56,19 @@ def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float, distri
         for group in _groups(grads):
             torch._foreach_mul_(group, coefficient)
     return total
+
+
+def _offloaded_squares(group: list[DTensor], distributed: Distributed) -> torch.Tensor:
+    """Sum of squares of DTensor gradients held in host memory (CPU offload). Their mesh is
+    the GPUs', so DTensor's own norm would reduce host tensors over NCCL; the local squares
+    are summed over the sharded mesh dimensions on the collective device instead."""
+    local = torch.nn.utils.get_total_norm([g.to_local() for g in group], norm_type=2.0, foreach=True)
+    squares = local.double().reshape(()).to(_collective_device(distributed)) ** 2
+    mesh = group[0].device_mesh
+    for dim, placement in enumerate(group[0].placements):
+        if placement.is_shard() and mesh.size(dim) > 1:
+            dist.all_reduce(squares, group=mesh.get_group(dim))
+    return squares.cpu()
 
 
 def _groups(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
