@@ -44,6 +44,7 @@ LAYOUTS = (
     ("ZeRO-3", 2, {"zero": 3}),
     ("ZeRO-3 + CPU offload", 2, {"zero": 3, "cpu_offload": True}),
     ("TP 2", 2, {"tp": 2}),
+    ("TP 2 + sequence parallel", 2, {"tp": 2, "sequence_parallel": True}),
     ("PP 2, 1F1B", 2, {"pp": 2, "pp_schedule": "1f1b"}),
     ("DDP 4", 4, {}),
     ("ZeRO-3 4", 4, {"zero": 3}),

@@ -41,8 +41,23 @@ def test_zero_and_offload_on_one_device():
     ({"nproc": 2, "dp": 2, "zero": 2}, "--zero", "--fsdp"),
     ({"nproc": 2, "cpu_offload": True}, "--cpu-offload", "sharded"),
     ({"nproc": 2, "zero": 1, "cpu_offload": True}, "--cpu-offload", "--zero 2 or 3"),
+    ({"nproc": 2, "sequence_parallel": True}, "--sequence-parallel", "--tp"),
+    ({"nproc": 2, "tp": 2, "seq_len": 33, "sequence_parallel": True}, "--sequence-parallel", "divisible"),
+    ({"nproc": 4, "tp": 2, "pp": 2, "sequence_parallel": True}, "--sequence-parallel", "--pp"),
 ])
 def test_bad_layouts_name_the_flag(knobs, flag, words):
     with pytest.raises(InputError) as error:
         _layout(**knobs)
     assert error.value.field == flag and words in str(error.value)
+
+
+def test_sequence_parallel_is_refused_outside_the_llama_family():
+    from trainwise.models import resolve_model
+    from trainwise.plan.partition import check_model_layout
+
+    plan = Plan.from_dict({"nproc": 2, "tp": 2, "sequence_parallel": True})
+    check_model_layout(resolve_model("tiny-llama").config, plan, resolve_layout(plan))
+    with pytest.raises(InputError) as error:
+        check_model_layout(resolve_model("tiny-bert").config, plan, resolve_layout(plan))
+    assert error.value.field == "--sequence-parallel" and "bert" in str(error.value)
+    assert "sequence parallel" in resolve_layout(plan).describe()

@@ -110,7 +110,7 @@ def rank_plan(plan: Plan, layout: Layout) -> Plan:
         # buffers), not on autocast's cached casts of fp32 weights: trace bf16 weights.
         precision = "bf16-pure"
     return plan.replace(batch_size=batch, precision=precision, nproc=1, dp=1, fsdp=1, tp=1, pp=1, zero=None,
-                        cpu_offload=False, microbatches=None)
+                        cpu_offload=False, microbatches=None, sequence_parallel=False)
 
 
 def check_rank_estimate(config, layout: Layout) -> str | None:
@@ -163,6 +163,8 @@ def rank_memory(single: MemoryEstimate, activations_by_module: dict[str, int], m
     communication = _Communication(params, plan, policy, layout, view, choice,
                                    getattr(model.config, "hidden_size", 0))
     activations = (_stage_activations(single.activations, activations_by_module, view)
+                   - _sequence_parallel_saving(activations_by_module, model, plan, layout,
+                                               precision_policy(rank_plan(plan, layout).precision, device_type))
                    + _loss_parallel_extra(model, plan, layout, view) * view.chunks_in_flight)
     ratios = {key: (state[key] / getattr(single, key)) if getattr(single, key) else 0.0 for key in STATE_KEYS}
     ratios["activations"] = activations / single.activations if single.activations else 0.0
@@ -375,6 +377,28 @@ def _loss_parallel_extra(model: RankModel, plan: Plan, layout: Layout, view: Ran
         return 0
     chunk = plan.batch_size // pipeline_microbatches(plan, layout.pp) if layout.pp > 1 else plan.batch_size
     return chunk * plan.seq_len * model.config.vocab_size * 4  # model.config: already the rank's vocabulary
+
+
+def _sequence_parallel_saving(by_module: dict[str, int], model: RankModel, plan: Plan, layout: Layout,
+                              policy) -> int:
+    """Saved activations sequence parallel divides by tp: what each block's norms saved and
+    what the block saved outside its sub-modules (the residual sums the next norm keeps),
+    and the final norm's, less each norm's output where it is saved whole all the same
+    (without autocast the projections after it keep their gathered input; under autocast
+    they keep their own low-precision casts, attributed to them, and the output itself is
+    not saved). Measured from the traced blocks' middle one, times the blocks."""
+    if not layout.sequence_parallel or model.config is None:
+        return 0
+    indices = sorted({int(m.split(".")[2]) for m in by_module if m.startswith("model.layers.")})
+    if not indices:
+        return 0
+    block = f"model.layers.{indices[len(indices) // 2]}"
+    whole = (plan.batch_size * plan.seq_len * model.config.hidden_size * policy.param_dtype.itemsize
+             if policy.autocast_dtype is None else 0)
+    per_block = sum(nbytes for module, nbytes in by_module.items()
+                    if module == block or (module.startswith(block + ".") and module.endswith("layernorm"))) - 2 * whole
+    final = by_module.get("model.norm", 0) - whole
+    return max(round((per_block * model.config.num_hidden_layers + final) * (1 - 1 / layout.tp)), 0)
 
 
 def _stage_activations(traced: int, by_module: dict[str, int], view: RankView) -> int:

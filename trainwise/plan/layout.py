@@ -30,6 +30,7 @@ class Layout:
     pp: int
     zero: int
     cpu_offload: bool
+    sequence_parallel: bool = False
 
     MESH_DIMS = ("pp", "dp", "fsdp", "tp")
 
@@ -50,6 +51,8 @@ class Layout:
         parts = [f"{name}={size}" for name, size in zip(self.MESH_DIMS, self.mesh_shape) if size > 1]
         if self.zero:
             parts.append(f"zero={self.zero}" + (" +offload" if self.cpu_offload else ""))
+        if self.sequence_parallel:
+            parts.append("sequence parallel")
         return f"{self.world} rank{'s' if self.world != 1 else ''}" + (f" ({', '.join(parts)})" if parts else "")
 
 
@@ -84,4 +87,11 @@ def resolve_layout(plan, world_size: int | None = None) -> Layout:
         raise InputError("--cpu-offload", "needs sharded data parallel (--zero 2 or 3, or --fsdp N)")
     if plan.cpu_offload and zero == 1:
         raise InputError("--cpu-offload", "offloads sharded parameters: use --zero 2 or 3")
-    return Layout(world=world, dp=dp, fsdp=fsdp, tp=tp, pp=pp, zero=zero, cpu_offload=plan.cpu_offload)
+    if plan.sequence_parallel and tp == 1:
+        raise InputError("--sequence-parallel", "shards over the tensor-parallel ranks: add --tp 2 or more")
+    if plan.sequence_parallel and pp > 1:
+        raise InputError("--sequence-parallel", "is not combined with --pp yet (stages pass whole sequences)")
+    if plan.sequence_parallel and plan.seq_len % tp:
+        raise InputError("--sequence-parallel", f"needs --seq-len divisible by --tp {tp}; got {plan.seq_len}")
+    return Layout(world=world, dp=dp, fsdp=fsdp, tp=tp, pp=pp, zero=zero, cpu_offload=plan.cpu_offload,
+                  sequence_parallel=plan.sequence_parallel)

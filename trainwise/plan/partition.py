@@ -131,6 +131,9 @@ def check_model_layout(config, plan, layout) -> None:
     traced."""
     check_layout_combination(plan, layout)
     check_tensor_parallel(config, layout.tp)
+    if layout.sequence_parallel and TP_FAMILY_OF.get(getattr(config, "model_type", "")) != "llama":
+        raise InputError("--sequence-parallel", "is implemented for the llama, mistral and qwen2 decoders; not "
+                                                f"{getattr(config, 'model_type', '?')}")
     check_pipeline(config, layout.pp, plan.pp_schedule, pipeline_microbatches(plan, layout.pp), plan.batch_size)
 
 

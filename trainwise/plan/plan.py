@@ -54,6 +54,8 @@ class Plan:
     zero: int | None = knob(None, "ZeRO stage for sharded data parallel", choices=("1", "2", "3"), optional=True, kind=int)
     cpu_offload: bool = knob(False, "offload sharded parameters and optimizer state to CPU")
     tp: int = knob(1, "tensor-parallel degree", minimum=1)
+    sequence_parallel: bool = knob(False, "with --tp: norms and the residual stream sharded over the sequence "
+                                          "(sequence parallel; their activations divided by tp)")
     pp: int = knob(1, "pipeline-parallel stages", minimum=1)
     pp_schedule: str = knob("1f1b", "pipeline schedule", choices=PP_SCHEDULES)
     microbatches: int | None = knob(None, "pipeline micro-batches per step (default: 2 x pp)", minimum=1, optional=True, kind=int)

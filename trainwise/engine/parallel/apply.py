@@ -28,7 +28,7 @@ def tensor_parallel(model: nn.Module, distributed: Distributed) -> nn.Module:
         return model
     from trainwise.engine.parallel.tensor_parallel import apply_tensor_parallel
 
-    return apply_tensor_parallel(model, distributed.submesh("tp"))
+    return apply_tensor_parallel(model, distributed.submesh("tp"), distributed.layout.sequence_parallel)
 
 
 def after_placement(model: nn.Module, distributed: Distributed) -> None:

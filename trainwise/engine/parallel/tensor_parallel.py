@@ -12,9 +12,15 @@ the vocabulary into a vocab-parallel cross-entropy (`loss_parallel`): the full l
 never gathered. Every other weight (norms, position embeddings, classifier heads) is a
 replicated DTensor, so the optimizer and clipping see one kind of parameter.
 
-Sequence parallel for the norms is not applied: Hugging Face blocks pass plain tensors
-with position embeddings and masks, and keeping activations replicated between blocks
-keeps those forwards unmodified (activation memory of the norms is not divided by tp).
+Sequence parallel (`--sequence-parallel`, causal LMs of the Llama family): between the
+attention and MLP sub-blocks every rank holds only its slice of the sequence. The first
+block cuts its input into sequence slices (no communication); each norm runs on its slice
+(SequenceParallel); the attention and the MLP all-gather their input to the whole sequence
+and their row-wise output projections reduce-scatter back to slices (in place of the
+all-reduce); the final norm runs on slices and the head gathers them. The residual stream
+and the norms' saved activations are thus divided by tp, for the same communication volume.
+The embedding's output stays whole so that the model code which derives positions, the
+causal mask and rotary embeddings from its length sees the real sequence.
 
 Supported: the Llama family (Llama, Mistral, Qwen2: same module names) and BERT. GPT-2
 fuses q, k, v into one Conv1D whose output columns would have to be regrouped per rank,
@@ -34,7 +40,8 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, loss_parallel, parallelize_module
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                               SequenceParallel, loss_parallel, parallelize_module)
 
 from trainwise.plan.errors import InputError
 from trainwise.plan.partition import TP_BLOCK_PLANS, TP_FAMILY_OF, check_tensor_parallel
@@ -42,7 +49,7 @@ from trainwise.plan.partition import TP_BLOCK_PLANS, TP_FAMILY_OF, check_tensor_
 _VOCAB_PARALLEL_MARK = "_trainwise_vocab_parallel_head"
 
 
-def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> nn.Module:
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool = False) -> nn.Module:
     """Split `model` over `tp_mesh` in place (see the module docstring); returns it."""
     base = getattr(model, "get_base_model", lambda: model)()
     config = base.config
@@ -50,14 +57,28 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> nn.Module:
     family = TP_FAMILY_OF[config.model_type]
     blocks_path, block_plan = TP_BLOCK_PLANS[family]
     core = _core(base, blocks_path)
-    for block in core.get_submodule(blocks_path):
-        parallelize_module(block, tp_mesh, {path: _style(kind) for path, kind in block_plan.items()})
     embedding = base.get_input_embeddings()
     head = base.get_output_embeddings()
+    if sequence_parallel and (family != "llama" or head is None):
+        raise InputError("--sequence-parallel", "is implemented for causal LMs of the llama, mistral and qwen2 "
+                                                f"families; not {type(base).__name__}")
+    for index, block in enumerate(core.get_submodule(blocks_path)):
+        styles = {path: _style(kind, sequence_parallel) for path, kind in block_plan.items()}
+        if sequence_parallel:
+            styles.update(_SEQUENCE_PARALLEL_BLOCK)
+        parallelize_module(block, tp_mesh, styles)
+        if sequence_parallel and index == 0:  # the whole sequence comes in; later blocks get slices
+            parallelize_module(block, tp_mesh, PrepareModuleInput(input_layouts=(Replicate(),),
+                                                                  desired_input_layouts=(Shard(1),),
+                                                                  use_local_output=True))
     tied = head is not None and head.weight is embedding.weight
     parallelize_module(embedding, tp_mesh, RowwiseParallel(input_layouts=Replicate()))
+    if sequence_parallel:
+        final_norm = core.get_submodule(blocks_path.rpartition(".")[0] + ".norm")  # beside the blocks
+        parallelize_module(final_norm, tp_mesh, SequenceParallel(use_local_output=True))
     if head is not None and family == "llama":
-        parallelize_module(head, tp_mesh, ColwiseParallel(output_layouts=Shard(-1), use_local_output=False))
+        parallelize_module(head, tp_mesh, ColwiseParallel(input_layouts=Shard(1) if sequence_parallel else Replicate(),
+                                                          output_layouts=Shard(-1), use_local_output=False))
         if tied:
             head.weight = embedding.weight  # one sharded parameter, as before
         setattr(base, _VOCAB_PARALLEL_MARK, True)
@@ -111,8 +132,23 @@ def _core(base: nn.Module, blocks_path: str) -> nn.Module:
     raise InputError("--tp", f"{type(base).__name__} has no {blocks_path} to split")
 
 
-def _style(kind: str):
-    return ColwiseParallel() if kind == "colwise" else RowwiseParallel()
+def _style(kind: str, sequence_parallel: bool = False):
+    if kind == "colwise":
+        return ColwiseParallel()
+    # Under sequence parallel the partial sums are reduce-scattered into sequence slices.
+    return RowwiseParallel(output_layouts=Shard(1)) if sequence_parallel else RowwiseParallel()
+
+
+# Llama-family block entries under sequence parallel (on top of the column/row-wise plan).
+_SEQUENCE_PARALLEL_BLOCK = {
+    "input_layernorm": SequenceParallel(),
+    "post_attention_layernorm": SequenceParallel(),
+    # The attention is called with keyword arguments, the MLP with one positional one.
+    "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                    desired_input_kwarg_layouts={"hidden_states": Replicate()},
+                                    use_local_output=True),
+    "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True),
+}
 
 
 def _replicate_the_rest(model: nn.Module, mesh: DeviceMesh) -> None:
