@@ -169,10 +169,10 @@ def rank_memory(single: MemoryEstimate, activations_by_module: dict[str, int], m
     ratios = {key: (state[key] / getattr(single, key)) if getattr(single, key) else 0.0 for key in STATE_KEYS}
     ratios["activations"] = activations / single.activations if single.activations else 0.0
     gradients_at = _rank_gradients(choice, plan, state["gradients"], ratios["gradients"], shards)
-    phase, peak_allocated, at_peak = max(
-        (_phase_peak(single, phase, live, ratios, gradients_at, communication)
-         for phase, live in (single.phase_at_peak or {single.peak_phase: single.at_peak}).items()),
-        key=lambda candidate: candidate[1])
+    candidates = [_phase_peak(single, phase, live, ratios, gradients_at, communication)
+                  for phase, live in (single.phase_at_peak or {single.peak_phase: single.at_peak}).items()]
+    candidates.append(_embedding_backward_peak(model, plan, layout, view, state, activations, device_type))
+    phase, peak_allocated, at_peak = max(candidates, key=lambda candidate: candidate[1])
     slack = single.peak_reserved - single.peak_allocated  # what the allocator model kept on top
     peak_reserved = peak_allocated + max(slack, 0)
     memory = dataclasses.replace(
@@ -183,6 +183,28 @@ def rank_memory(single: MemoryEstimate, activations_by_module: dict[str, int], m
     details = {**view.to_json(), "parameters": sum(p.copies * math.prod(_shard_shape(p.shape, shards)) for p in params),
                "communication_buffers": communication.at(phase, at_peak)}
     return memory, details
+
+
+def _embedding_backward_peak(model: RankModel, plan: Plan, layout: Layout, view: RankView, state: dict,
+                             activations: int, device_type: str) -> tuple[str, int, dict]:
+    """The end of a chunk's backward on the rank holding the vocab-parallel embedding.
+    DTensor's embedding backward makes the weight's gradient whole (vocabulary x hidden)
+    before the hook in engine/parallel/tensor_parallel.py cuts the rank's slice out of it:
+    for that moment the whole gradient and the slice are both alive, next to every
+    gradient of the rank, the weights, the optimizer states and the activations of the
+    chunks still in flight. The one-device trace of the rank's shapes never makes the whole
+    gradient; on a pipeline's first stage, which holds no logits, this moment is the peak
+    (tiny-llama TP 2 x PP 2 read 21 % low without it)."""
+    none = ("backward", 0, {})
+    config = model.config
+    if (layout.tp == 1 or not view.has_embedding or config is None or plan.lora
+            or TP_FAMILY_OF.get(getattr(config, "model_type", "")) != "llama"):
+        return none
+    itemsize = precision_policy(rank_plan(plan, layout).precision, device_type).param_dtype.itemsize
+    whole = config.vocab_size * layout.tp * config.hidden_size * itemsize  # config: the rank's vocabulary
+    held = round(activations * (view.chunks_in_flight - 1) / view.chunks_in_flight)
+    live = {**{key: state[key] for key in STATE_KEYS}, "activations": held, "temporary": whole}
+    return "backward", sum(live.values()), live
 
 
 def _rank_gradients(choice: str, plan: Plan, gradients: int, ratio: float, shards: int):
