@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 import warnings
 
 import torch
 from torch.library import Library, fallthrough_kernel
 
 from trainwise.step.precision import PrecisionPolicy
+from trainwise.trace.process_wide import SharedPatch
 
 # CUDA cast policies (names as in ATen's CastPolicy).
 LOWER = "lower_precision_fp"  # cast floating inputs to the autocast dtype
@@ -128,27 +128,9 @@ def _cuda_autocast_on_cpu(dtype: torch.dtype):
         yield
 
 
-_lock = threading.Lock()
-_active = 0  # nesting depth of cuda_autocast_kernels(); the outermost one owns the Library
-_library: Library | None = None
-
-
-@contextlib.contextmanager
 def cuda_autocast_kernels():
     """While active, CPU autocast (wherever enabled, in any thread) casts like CUDA autocast."""
-    global _active, _library
-    with _lock:
-        if _active == 0:
-            _library = _register()
-        _active += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _active -= 1
-            if _active == 0:
-                _library._destroy()
-                _library = None
+    return _CUDA_KERNELS.active()
 
 
 def _register() -> Library:
@@ -158,6 +140,9 @@ def _register() -> Library:
         for name, kernel in _kernels():
             lib.impl(name, kernel, _KEY)
     return lib
+
+
+_CUDA_KERNELS = SharedPatch(install=lambda: _register(), remove=lambda library: library._destroy())
 
 
 @functools.cache

@@ -25,34 +25,30 @@ checkpointing recomputes during backward would run the CPU kernels again."""
 from __future__ import annotations
 
 import contextlib
-import threading
 
 import torch
 import torch.nn.functional as F
 
+from trainwise.trace.process_wide import SharedPatch
+
 _cpu_dropout = F.dropout
 _cpu_attention = F.scaled_dot_product_attention
-_lock = threading.Lock()
-_active = 0  # nesting depth; the outermost context restores the CPU functions
 
 
-@contextlib.contextmanager
+def _install():
+    F.dropout, F.scaled_dot_product_attention = _cuda_dropout, _cuda_attention
+
+
+def _remove(_handle):
+    F.dropout, F.scaled_dot_product_attention = _cpu_dropout, _cpu_attention
+
+
+_CUDA_FUNCTIONS = SharedPatch(_install, _remove)
+
+
 def cuda_kernel_choices(target_device_type: str):
     """The context the traced step runs under: CUDA's dropout and attention for a CUDA target."""
-    global _active
-    if target_device_type != "cuda":
-        yield
-        return
-    with _lock:
-        _active += 1
-        F.dropout, F.scaled_dot_product_attention = _cuda_dropout, _cuda_attention
-    try:
-        yield
-    finally:
-        with _lock:
-            _active -= 1
-            if _active == 0:
-                F.dropout, F.scaled_dot_product_attention = _cpu_dropout, _cpu_attention
+    return _CUDA_FUNCTIONS.active() if target_device_type == "cuda" else contextlib.nullcontext()
 
 
 def _cuda_dropout(input, p=0.5, training=True, inplace=False):
