@@ -162,16 +162,16 @@ def rank_memory(single: MemoryEstimate, activations_by_module: dict[str, int], m
         state = dict.fromkeys(STATE_KEYS, 0)
     communication = _Communication(params, plan, policy, layout, view, choice,
                                    getattr(model.config, "hidden_size", 0))
+    traced_policy = precision_policy(rank_plan(plan, layout).precision, device_type)  # what `single` ran
     activations = (_stage_activations(single.activations, activations_by_module, view)
-                   - _sequence_parallel_saving(activations_by_module, model, plan, layout,
-                                               precision_policy(rank_plan(plan, layout).precision, device_type))
+                   - _sequence_parallel_saving(activations_by_module, model, plan, layout, traced_policy)
                    + _loss_parallel_extra(model, plan, layout, view) * view.chunks_in_flight)
     ratios = {key: (state[key] / getattr(single, key)) if getattr(single, key) else 0.0 for key in STATE_KEYS}
     ratios["activations"] = activations / single.activations if single.activations else 0.0
     gradients_at = _rank_gradients(choice, plan, state["gradients"], ratios["gradients"], shards)
     candidates = [_phase_peak(single, phase, live, ratios, gradients_at, communication)
                   for phase, live in (single.phase_at_peak or {single.peak_phase: single.at_peak}).items()]
-    candidates.append(_embedding_backward_peak(model, plan, layout, view, state, activations, device_type))
+    candidates.append(_embedding_backward_peak(model, layout, view, state, activations, traced_policy))
     phase, peak_allocated, at_peak = max(candidates, key=lambda candidate: candidate[1])
     slack = single.peak_reserved - single.peak_allocated  # what the allocator model kept on top
     peak_reserved = peak_allocated + max(slack, 0)
@@ -185,8 +185,8 @@ def rank_memory(single: MemoryEstimate, activations_by_module: dict[str, int], m
     return memory, details
 
 
-def _embedding_backward_peak(model: RankModel, plan: Plan, layout: Layout, view: RankView, state: dict,
-                             activations: int, device_type: str) -> tuple[str, int, dict]:
+def _embedding_backward_peak(model: RankModel, layout: Layout, view: RankView, state: dict,
+                             activations: int, traced_policy) -> tuple[str, int, dict]:
     """The end of a chunk's backward on the rank holding the vocab-parallel embedding.
     DTensor's embedding backward makes the weight's gradient whole (vocabulary x hidden)
     before the hook in engine/parallel/tensor_parallel.py cuts the rank's slice out of it:
@@ -195,13 +195,10 @@ def _embedding_backward_peak(model: RankModel, plan: Plan, layout: Layout, view:
     chunks still in flight. The one-device trace of the rank's shapes never makes the whole
     gradient; on a pipeline's first stage, which holds no logits, this moment is the peak
     (tiny-llama TP 2 x PP 2 read 21 % low without it)."""
-    none = ("backward", 0, {})
-    config = model.config
-    if (layout.tp == 1 or not view.has_embedding or config is None or plan.lora
-            or TP_FAMILY_OF.get(getattr(config, "model_type", "")) != "llama"):
-        return none
-    itemsize = precision_policy(rank_plan(plan, layout).precision, device_type).param_dtype.itemsize
-    whole = config.vocab_size * layout.tp * config.hidden_size * itemsize  # config: the rank's vocabulary
+    config = model.config  # the rank's: its vocabulary is the tp-th part (TP: Llama family only)
+    if layout.tp == 1 or not view.has_embedding:
+        return "backward", 0, {}
+    whole = config.vocab_size * layout.tp * config.hidden_size * traced_policy.param_dtype.itemsize
     held = round(activations * (view.chunks_in_flight - 1) / view.chunks_in_flight)
     live = {**{key: state[key] for key in STATE_KEYS}, "activations": held, "temporary": whole}
     return "backward", sum(live.values()), live

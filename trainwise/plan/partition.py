@@ -26,11 +26,15 @@ TP_FAMILY_OF = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "bert": 
 PIPELINE_FAMILIES = ("llama", "mistral", "qwen2")
 
 
-def check_tensor_parallel(config, tp: int) -> None:
-    """InputError("--tp") when this architecture or its sizes cannot be split `tp` ways."""
+def check_tensor_parallel(config, tp: int, sequence_parallel: bool = False) -> None:
+    """InputError("--tp" or "--sequence-parallel") when this architecture or its sizes
+    cannot be split `tp` ways (and, with sequence parallel, over the sequence)."""
     if tp == 1:
         return
     model_type = getattr(config, "model_type", "?")
+    if sequence_parallel and TP_FAMILY_OF.get(model_type) != "llama":
+        raise InputError("--sequence-parallel", f"is implemented for the llama, mistral and qwen2 decoders; not "
+                                                f"{model_type}")
     if model_type not in TP_FAMILY_OF:
         supported = ", ".join(sorted(TP_FAMILY_OF))
         raise InputError("--tp", f"tensor parallel supports {supported}; not {model_type}"
@@ -130,10 +134,7 @@ def check_model_layout(config, plan, layout) -> None:
     shapes): an InputError naming the flag, before any process starts or any estimate is
     traced."""
     check_layout_combination(plan, layout)
-    check_tensor_parallel(config, layout.tp)
-    if layout.sequence_parallel and TP_FAMILY_OF.get(getattr(config, "model_type", "")) != "llama":
-        raise InputError("--sequence-parallel", "is implemented for the llama, mistral and qwen2 decoders; not "
-                                                f"{getattr(config, 'model_type', '?')}")
+    check_tensor_parallel(config, layout.tp, layout.sequence_parallel)
     check_pipeline(config, layout.pp, plan.pp_schedule, pipeline_microbatches(plan, layout.pp), plan.batch_size)
 
 

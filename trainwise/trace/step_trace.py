@@ -13,8 +13,8 @@ from trainwise.plan.plan import Plan
 from trainwise.step import build_optimizer, compute_loss, precision_policy
 from trainwise.step.precision import PrecisionPolicy
 from trainwise.trace.autocast_policy import autocast_for_target, cuda_autocast_kernels
-from trainwise.trace.cuda_kernels import cuda_kernel_choices
 from trainwise.trace.blocks import BlockTracker
+from trainwise.trace.cuda_kernels import cuda_kernel_choices
 from trainwise.trace.fake_model import materialize_fake
 from trainwise.trace.module_scope import ModuleScope
 from trainwise.trace.moe_kernels import traceable_experts

@@ -25,9 +25,11 @@ def plain_loss(loss: torch.Tensor) -> torch.Tensor:
 def mean_loss(local: torch.Tensor | None, distributed: Distributed) -> float:
     """The step's loss averaged over the ranks that computed one (pipeline ranks other
     than the last have none; tensor-parallel peers hold the same value)."""
-    value = local.detach().float().reshape(()).cpu() if local is not None else torch.zeros(())
-    pair = torch.stack([value, torch.ones(()) if local is not None else torch.zeros(())])
-    pair = pair.to(_collective_device(distributed))
+    device = _collective_device(distributed)
+    if local is None:
+        pair = torch.zeros(2, device=device)
+    else:  # (loss, 1) on the collective device: the loss may sit on another (a GPU under gloo)
+        pair = torch.stack([local.detach().float().reshape(()).to(device), torch.ones((), device=device)])
     dist.all_reduce(pair)
     total, count = pair.tolist()
     return total / count if count else math.nan

@@ -53,15 +53,14 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
     """Split `model` over `tp_mesh` in place (see the module docstring); returns it."""
     base = getattr(model, "get_base_model", lambda: model)()
     config = base.config
-    check_tensor_parallel(config, tp_mesh.size())
+    check_tensor_parallel(config, tp_mesh.size(), sequence_parallel)
     family = TP_FAMILY_OF[config.model_type]
     blocks_path, block_plan = TP_BLOCK_PLANS[family]
     core = _core(base, blocks_path)
     embedding = base.get_input_embeddings()
     head = base.get_output_embeddings()
-    if sequence_parallel and (family != "llama" or head is None):
-        raise InputError("--sequence-parallel", "is implemented for causal LMs of the llama, mistral and qwen2 "
-                                                f"families; not {type(base).__name__}")
+    if sequence_parallel and head is None:  # the head gathers the slices; other heads pool over them
+        raise InputError("--sequence-parallel", f"is implemented for causal LMs; not {type(base).__name__}")
     for index, block in enumerate(core.get_submodule(blocks_path)):
         styles = {path: _style(kind, sequence_parallel) for path, kind in block_plan.items()}
         if sequence_parallel:
