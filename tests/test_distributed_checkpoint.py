@@ -1,6 +1,7 @@
 """Distributed checkpoints reshard: saved by 4 ranks under ZeRO-3, resumed by 2 ranks
 under DDP and by 4 under tensor x data parallel, each continuing the loss curve of an
-uninterrupted run; exported whole without a process group."""
+uninterrupted run; exported whole without a process group. GPT-2's fused q/k/v weight
+reshards from tensor parallel to ZeRO-3."""
 
 import json
 import subprocess
@@ -18,8 +19,8 @@ COMMON = ["tiny-llama", "--device", "cpu", "--data", "synthetic", "--batch-size"
           "--lr", "1e-3", "--lr-schedule", "constant", "--log-every", "1"]
 
 
-def _train(args: list[str], metrics) -> list[float]:
-    done = subprocess.run([sys.executable, "-m", "trainwise", "train", *COMMON, *args, "--metrics", str(metrics)],
+def _train(args: list[str], metrics, common: list[str] = COMMON) -> list[float]:
+    done = subprocess.run([sys.executable, "-m", "trainwise", "train", *common, *args, "--metrics", str(metrics)],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return [line["loss"] for line in map(json.loads, metrics.read_text().splitlines()) if "loss" in line]
@@ -82,3 +83,40 @@ def test_export_refuses_what_is_not_a_checkpoint(tmp_path):
     done = subprocess.run([sys.executable, "-m", "trainwise", "export", str(tmp_path), "--out", str(tmp_path / "x")],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "CHECKPOINT" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_gpt2_fused_attention_reshards_from_tensor_parallel(tmp_path):
+    """GPT-2 holds q, k and v in one weight, which tensor parallel splits per part: saved
+    by TP 2 (accumulation 2), resumed by ZeRO-3 on 2 ranks, the curve continues one
+    process's; the TP run's own final/ equals `trainwise export` of its checkpoint."""
+    model = tmp_path / "tiny-gpt2"  # the catalog's, without dropout (TP draws its masks per head slice)
+    model.mkdir()
+    config = json.loads((REPO / "trainwise/models/catalog/tiny-gpt2.json").read_text())
+    config.pop("trainwise")
+    (model / "config.json").write_text(json.dumps({**config, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+                                                   "attn_pdrop": 0.0}))
+    common = [str(model), *COMMON[1:]]
+    run = tmp_path / "run"
+    first = _train(["--nproc", "2", "--tp", "2", "--grad-accum", "2", "--steps", "2", "--output", str(run)],
+                   tmp_path / "a.jsonl", common)
+    reference = []
+    train(str(model), plan=Plan.from_dict({"batch_size": 2, "grad_accum": 2, "seq_len": 32, "lr": 1e-3,
+                                           "lr_schedule": "constant", "device": "cpu"}),
+          run=RunConfig.from_dict({"steps": 4, "data": "synthetic", "timing_warmup": 0}),
+          on_step=lambda entry: reference.append(entry.outcome.loss))
+    assert first == pytest.approx(reference[:2], rel=2e-5)
+
+    done = subprocess.run([sys.executable, "-m", "trainwise", "export", str(run), "--out", str(tmp_path / "hf")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    from transformers import AutoModelForCausalLM
+
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").state_dict()
+    final = AutoModelForCausalLM.from_pretrained(run / "final").state_dict()
+    assert exported.keys() == final.keys()
+    for name, tensor in final.items():
+        assert torch.equal(exported[name], tensor), name
+
+    resumed = _train(["--nproc", "2", "--zero", "3", "--steps", "4", "--output", str(run), "--resume"],
+                     tmp_path / "b.jsonl", common)
+    assert resumed == pytest.approx(reference[2:], rel=2e-5)

@@ -58,6 +58,8 @@ def _from_distributed(checkpoint: Path, target: Path) -> None:
     import transformers
     from torch.distributed.checkpoint import DefaultLoadPlanner
 
+    from trainwise.engine.parallel.checkpoint_shapes import fused_projections, to_checkpoint_shapes, to_model_shapes
+
     config_file = checkpoint / "config.json"
     if not config_file.is_file():
         raise InputError("CHECKPOINT", f"{checkpoint} has no config.json: it holds a model that is not a "
@@ -68,13 +70,14 @@ def _from_distributed(checkpoint: Path, target: Path) -> None:
     if model_class is None:
         raise InputError("CHECKPOINT", f"config.json names no transformers architecture ({architecture!r})")
     model = model_class._from_config(config)
-    state = {"model": model.state_dict()}
+    own = model.state_dict()
+    state = {"model": to_checkpoint_shapes(own, fused_projections(model))}
     with warnings.catch_warnings(), quiet_progress_bars():
         warnings.filterwarnings("ignore", message=".*load in a single process.*")  # it is meant to be
         # Tied weights are saved under one name: the other is re-tied after loading.
         dcp.load(state, checkpoint_id=str(checkpoint / "dcp"), planner=DefaultLoadPlanner(allow_partial_load=True),
                  no_dist=True)
-        model.load_state_dict(state["model"])
+        model.load_state_dict(to_model_shapes(state["model"], own))
         model.tie_weights()
         model.save_pretrained(target, safe_serialization=True)
 

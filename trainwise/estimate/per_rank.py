@@ -97,7 +97,7 @@ def rank_config(config, layout: Layout, blocks: int):
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         local.num_key_value_heads = kv_heads // layout.tp
         local.intermediate_size = config.intermediate_size // layout.tp
-        local.vocab_size = config.vocab_size // layout.tp
+        local.vocab_size = -(-config.vocab_size // layout.tp)  # rank 0's rows: DTensor gives it the larger share
     return local
 
 
@@ -198,7 +198,7 @@ def _embedding_backward_peak(model: RankModel, layout: Layout, view: RankView, s
     config = model.config  # the rank's: its vocabulary is the tp-th part (TP: Llama family only)
     if layout.tp == 1 or not view.has_embedding:
         return "backward", 0, {}
-    whole = config.vocab_size * layout.tp * config.hidden_size * traced_policy.param_dtype.itemsize
+    whole = config.vocab_size * layout.tp * config.hidden_size  # up to tp - 1 rows over, with an uneven vocabulary * traced_policy.param_dtype.itemsize
     held = round(activations * (view.chunks_in_flight - 1) / view.chunks_in_flight)
     live = {**{key: state[key] for key in STATE_KEYS}, "activations": held, "temporary": whole}
     return "backward", sum(live.values()), live

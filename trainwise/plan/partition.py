@@ -21,8 +21,18 @@ TP_BLOCK_PLANS = {
     "bert": ("encoder.layer", {"attention.self.query": "colwise", "attention.self.key": "colwise",
                                "attention.self.value": "colwise", "attention.output.dense": "rowwise",
                                "intermediate.dense": "colwise", "output.dense": "rowwise"}),
+    # GPT-2's projections are Conv1D (weight [in, out]); c_attn holds q, k and v side by side.
+    "gpt2": ("h", {"attn.c_attn": "colwise", "attn.c_proj": "rowwise", "mlp.c_fc": "colwise", "mlp.c_proj": "rowwise"}),
 }
-TP_FAMILY_OF = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "bert": "bert", "roberta": "bert"}
+TP_FAMILY_OF = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "bert": "bert", "roberta": "bert",
+                "gpt2": "gpt2"}
+# Per model type: {module path inside a block: how many equal projections its output
+# concatenates}. Tensor parallel splits each of them, and checkpoints store such a weight
+# as [in, parts, out / parts] so that every layout's shards are plain slices of it.
+FUSED_PROJECTIONS = {"gpt2": {"attn.c_attn": 3}}
+# Attributes of a block's modules that hold a size tensor parallel divides (the heads a
+# rank computes): GPT-2 splits c_attn's output by split_size.
+TP_LOCAL_SIZES = {"gpt2": ("attn.split_size", "attn.num_heads")}
 PIPELINE_FAMILIES = ("llama", "mistral", "qwen2")
 
 
@@ -37,14 +47,18 @@ def check_tensor_parallel(config, tp: int, sequence_parallel: bool = False) -> N
                                                 f"{model_type}")
     if model_type not in TP_FAMILY_OF:
         supported = ", ".join(sorted(TP_FAMILY_OF))
-        raise InputError("--tp", f"tensor parallel supports {supported}; not {model_type}"
-                                 + (" (its fused Conv1D q/k/v)" if model_type == "gpt2" else ""))
+        raise InputError("--tp", f"tensor parallel supports {supported}; not {model_type}")
     sizes = {"attention heads": config.num_attention_heads,
              "key/value heads": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
-             "intermediate size": config.intermediate_size, "vocabulary": config.vocab_size}
+             "intermediate size": intermediate_size(config)}
     for what, size in sizes.items():
         if size % tp:
             raise InputError("--tp", f"must divide the model's {what} ({size}); got {tp}")
+
+
+def intermediate_size(config) -> int:
+    """The MLP's hidden width (GPT-2 calls it n_inner, None meaning 4 x hidden)."""
+    return getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * config.hidden_size
 
 
 def stages_per_rank(schedule: str) -> int:

@@ -39,6 +39,8 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from trainwise.engine.checkpoint import (CHECKPOINTS, FORMAT, INFO_FILE, LATEST, STATE_FILE, TrainingState,
                                          _check_plan, _complete, _prune, _versions)
+from trainwise.engine.parallel.checkpoint_shapes import (fused_projections, to_checkpoint_shapes, to_model_shapes,
+                                                        to_transformers_shapes)
 from trainwise.engine.checkpoint_rng import rng_states, set_rng_states
 from trainwise.engine.checkpoint_weights import unwrap
 from trainwise.plan.atomic import atomic_directory, atomic_write_text
@@ -98,12 +100,16 @@ def load_distributed_checkpoint(path, *, setup, plan) -> TrainingState:
                                      "(one-device checkpoints resume without --nproc)")
     info = json.loads((path / INFO_FILE).read_text())
     _check_plan(info.get("plan"), plan)
-    model_state, optimizer_state = _state_dicts(setup)
+    model_state, optimizer_state = _state_dicts(setup, shapes="model")
+    fused = fused_projections(unwrap(_first_part(setup.model)))
     saved_zero_one = (info.get("plan") or {}).get("zero") == 1
-    wanted = {"model": model_state}
+    wanted = {"model": to_checkpoint_shapes(model_state, fused)}
     if optimizer_state and not saved_zero_one:
-        wanted["optimizer"] = optimizer_state
+        wanted["optimizer"] = {**optimizer_state, "state": to_checkpoint_shapes(optimizer_state["state"], fused)}
     dcp.load(wanted, checkpoint_id=str(path / DCP_FOLDER))
+    wanted["model"] = to_model_shapes(wanted["model"], model_state)
+    if "optimizer" in wanted:
+        wanted["optimizer"]["state"] = to_model_shapes(wanted["optimizer"]["state"], optimizer_state["state"])
     options = StateDictOptions(strict=True)
     set_model_state_dict(setup.model, wanted["model"], options=options)
     saved = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
@@ -142,6 +148,7 @@ def export_from_distributed(output, checkpoint: Path, setup) -> dict:
     final = Path(output) / "final"
     if setup.distributed.is_main:
         model = unwrap(_first_part(setup.model))
+        full = to_transformers_shapes(full, fused_projections(model))  # tensor parallel holds some per part
         if not hasattr(model, "save_pretrained") or setup.pipeline is not None:
             dist.barrier()
             return {}  # pipeline stages hold parts of the model: `trainwise export CHECKPOINT` writes it whole
@@ -151,12 +158,18 @@ def export_from_distributed(output, checkpoint: Path, setup) -> dict:
     return {"final model" if not hasattr(unwrap(setup.model), "peft_config") else "LoRA adapter": final}
 
 
-def _state_dicts(setup) -> tuple[dict, dict | None]:
-    """Model and optimizer state, keyed by parameter name, as this rank's shards."""
+def _state_dicts(setup, shapes: str = "checkpoint") -> tuple[dict, dict | None]:
+    """Model and optimizer state, keyed by parameter name, as this rank's shards: in the
+    shapes the checkpoint stores (checkpoint_shapes.py) or the model's own."""
     model_state = get_model_state_dict(setup.model)
-    if isinstance(setup.optimizer, ZeroRedundancyOptimizer):
-        return model_state, None
-    return model_state, get_optimizer_state_dict(setup.model, setup.optimizer)
+    optimizer_state = (None if isinstance(setup.optimizer, ZeroRedundancyOptimizer)
+                       else get_optimizer_state_dict(setup.model, setup.optimizer))
+    if shapes == "model":
+        return model_state, optimizer_state
+    fused = fused_projections(unwrap(_first_part(setup.model)))
+    if optimizer_state is not None:
+        optimizer_state = {**optimizer_state, "state": to_checkpoint_shapes(optimizer_state["state"], fused)}
+    return to_checkpoint_shapes(model_state, fused), optimizer_state
 
 
 def _zero_one_state(setup) -> dict | None:

@@ -22,9 +22,9 @@ and the norms' saved activations are thus divided by tp, for the same communicat
 The embedding's output stays whole so that the model code which derives positions, the
 causal mask and rotary embeddings from its length sees the real sequence.
 
-Supported: the Llama family (Llama, Mistral, Qwen2: same module names) and BERT. GPT-2
-fuses q, k, v into one Conv1D whose output columns would have to be regrouped per rank,
-and is refused with a clear error.
+Supported: the Llama family (Llama, Mistral, Qwen2: same module names), BERT and GPT-2,
+whose Conv1D projections (and the q, k, v they fuse) are split by conv1d_parallel.py; its
+attention then splits c_attn's local output by the rank's share of the hidden size.
 
     model = apply_tensor_parallel(model, tp_mesh)
     with tensor_parallel_loss(model):   # around the loss computation *and* its backward
@@ -44,7 +44,9 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                SequenceParallel, loss_parallel, parallelize_module)
 
 from trainwise.plan.errors import InputError
-from trainwise.plan.partition import TP_BLOCK_PLANS, TP_FAMILY_OF, check_tensor_parallel
+from trainwise.engine.parallel.conv1d_parallel import ShardedConv1D
+from trainwise.plan.partition import (FUSED_PROJECTIONS, TP_BLOCK_PLANS, TP_FAMILY_OF, TP_LOCAL_SIZES,
+                                      check_tensor_parallel)
 
 _VOCAB_PARALLEL_MARK = "_trainwise_vocab_parallel_head"
 
@@ -61,11 +63,22 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
     head = base.get_output_embeddings()
     if sequence_parallel and head is None:  # the head gathers the slices; other heads pool over them
         raise InputError("--sequence-parallel", f"is implemented for causal LMs; not {type(base).__name__}")
+    fused = FUSED_PROJECTIONS.get(config.model_type, {})
     for index, block in enumerate(core.get_submodule(blocks_path)):
-        styles = {path: _style(kind, sequence_parallel) for path, kind in block_plan.items()}
+        styles = {}
+        for path, kind in block_plan.items():
+            if _is_conv1d(block.get_submodule(path)):
+                _replace(block, path, ShardedConv1D(block.get_submodule(path), tp_mesh, kind, fused.get(path, 1)))
+            else:
+                styles[path] = _style(kind, sequence_parallel)
+        for path in TP_LOCAL_SIZES.get(family, ()):
+            owner, _, name = path.rpartition(".")
+            module = block.get_submodule(owner)
+            setattr(module, name, getattr(module, name) // tp_mesh.size())
         if sequence_parallel:
             styles.update(_SEQUENCE_PARALLEL_BLOCK)
-        parallelize_module(block, tp_mesh, styles)
+        if styles:
+            parallelize_module(block, tp_mesh, styles)
         if sequence_parallel and index == 0:  # the whole sequence comes in; later blocks get slices
             parallelize_module(block, tp_mesh, PrepareModuleInput(input_layouts=(Replicate(),),
                                                                   desired_input_layouts=(Shard(1),),
@@ -75,7 +88,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
     if sequence_parallel:
         final_norm = core.get_submodule(blocks_path.rpartition(".")[0] + ".norm")  # beside the blocks
         parallelize_module(final_norm, tp_mesh, SequenceParallel(use_local_output=True))
-    if head is not None and family == "llama":
+    if head is not None and family in ("llama", "gpt2"):
         parallelize_module(head, tp_mesh, ColwiseParallel(input_layouts=Shard(1) if sequence_parallel else Replicate(),
                                                           output_layouts=Shard(-1), use_local_output=False))
         if tied:
@@ -129,6 +142,17 @@ def _core(base: nn.Module, blocks_path: str) -> nn.Module:
         except AttributeError:
             continue
     raise InputError("--tp", f"{type(base).__name__} has no {blocks_path} to split")
+
+
+def _is_conv1d(module: nn.Module) -> bool:
+    from transformers.pytorch_utils import Conv1D
+
+    return isinstance(module, Conv1D)
+
+
+def _replace(block: nn.Module, path: str, module: nn.Module) -> None:
+    owner, _, name = path.rpartition(".")
+    setattr(block.get_submodule(owner) if owner else block, name, module)
 
 
 def _style(kind: str, sequence_parallel: bool = False):

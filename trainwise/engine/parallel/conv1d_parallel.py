@@ -1,0 +1,67 @@
+"""Tensor parallel for GPT-2's Conv1D projections.
+
+Conv1D is a Linear whose weight is stored transposed, [in, out]; DTensor's ColwiseParallel
+and RowwiseParallel take only nn.Linear and nn.Embedding, so the split is done here, with
+the same Megatron rules and the same DTensor parameters:
+
+- column-wise: each rank holds a slice of the output features (weight [in, out/tp], its
+  bias slice). The input is whole on every rank; the gradient each rank computes for it
+  is a partial sum, all-reduced on the way back.
+- row-wise: each rank holds a slice of the input features (weight [in/tp, out]) and gets
+  the matching slice of the input; the partial products are all-reduced, then the whole
+  bias is added once.
+
+GPT-2 fuses q, k and v into one Conv1D (`c_attn`, out = 3 x hidden). Cutting its output
+columns into tp contiguous pieces would give rank 0 all of q and half of k; its weight is
+instead held as [in, 3, hidden] (bias [3, hidden]) and split on the last dimension, so
+every rank holds the same heads of q, k and v, laid out [q_r | k_r | v_r] in its output.
+That keeps each checkpoint shard a plain slice of one tensor, which DCP can reshard; the
+3-D view is the checkpoint's shape for this weight under every layout
+(distributed_checkpoint.py), and a plain export writes the model's own [in, 3 x hidden].
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+
+class ShardedConv1D(nn.Module):
+    """A Conv1D's weight and bias as DTensors split `kind`-wise ("colwise" | "rowwise");
+    a column-wise Conv1D whose output is `parts` concatenated projections is split per
+    part. Parameter names are the Conv1D's, so checkpoints keep their keys."""
+
+    def __init__(self, conv: nn.Module, mesh: DeviceMesh, kind: str, parts: int = 1):
+        super().__init__()
+        self.kind = kind
+        weight, bias = conv.weight.detach(), conv.bias.detach()
+        if kind == "colwise":
+            if parts > 1:  # the view the rank slices are taken from
+                weight, bias = weight.view(weight.size(0), parts, -1), bias.view(parts, -1)
+            placements = ([Shard(weight.dim() - 1)], [Shard(bias.dim() - 1)])
+        elif kind == "rowwise":
+            placements = ([Shard(0)], [Replicate()])
+        else:
+            raise ValueError(f"kind must be colwise or rowwise, not {kind!r}")
+        self.weight = nn.Parameter(distribute_tensor(weight, mesh, placements[0]),
+                                   requires_grad=conv.weight.requires_grad)
+        self.bias = nn.Parameter(distribute_tensor(bias, mesh, placements[1]), requires_grad=conv.bias.requires_grad)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        # Parameters are read at call time: under FSDP they are the gathered DTensors.
+        mesh = self.weight.device_mesh
+        weight, bias = self.weight.to_local(), self.bias.to_local()
+        rows = hidden.reshape(-1, hidden.size(-1))
+        if self.kind == "colwise":
+            rows = DTensor.from_local(rows, mesh, [Replicate()], run_check=False).to_local(grad_placements=[Partial()])
+            out = torch.addmm(bias.reshape(-1), rows, weight.reshape(weight.size(0), -1))
+        else:
+            partial = torch.mm(rows, weight)
+            out = DTensor.from_local(partial, mesh, [Partial()], run_check=False).redistribute(
+                mesh, [Replicate()]).to_local() + bias
+        return out.view(*hidden.shape[:-1], out.size(-1))
+
+    def extra_repr(self) -> str:
+        return f"{self.kind}, weight {tuple(self.weight.shape)}"
