@@ -85,16 +85,18 @@ def test_export_refuses_what_is_not_a_checkpoint(tmp_path):
     assert done.returncode == 2 and "CHECKPOINT" in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
-def test_gpt2_fused_attention_reshards_from_tensor_parallel(tmp_path):
-    """GPT-2 holds q, k and v in one weight, which tensor parallel splits per part: saved
-    by TP 2 (accumulation 2), resumed by ZeRO-3 on 2 ranks, the curve continues one
+def test_gpt2_reshards_between_tensor_pipeline_and_sharded_layouts(tmp_path):
+    """GPT-2 holds q, k and v in one weight, which tensor parallel splits per part, and ties
+    its head to the embedding, which pipeline parallel puts on two ranks: saved by TP 2
+    (accumulation 2), resumed by PP 2 (interleaved: two stages per rank, held in a
+    ModuleList whose names the checkpoint drops), then by ZeRO-3 on 2 ranks, the curve continues one
     process's; the TP run's own final/ equals `trainwise export` of its checkpoint."""
-    model = tmp_path / "tiny-gpt2"  # the catalog's, without dropout (TP draws its masks per head slice)
-    model.mkdir()
+    model = tmp_path / "tiny-gpt2"  # the catalog's, without dropout (TP draws its masks per head slice),
+    model.mkdir()                   # with 4 blocks for interleaved 1F1B's 2 stages per rank
     config = json.loads((REPO / "trainwise/models/catalog/tiny-gpt2.json").read_text())
     config.pop("trainwise")
     (model / "config.json").write_text(json.dumps({**config, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
-                                                   "attn_pdrop": 0.0}))
+                                                   "attn_pdrop": 0.0, "n_layer": 4}))
     common = [str(model), *COMMON[1:]]
     run = tmp_path / "run"
     first = _train(["--nproc", "2", "--tp", "2", "--grad-accum", "2", "--steps", "2", "--output", str(run)],
@@ -102,7 +104,7 @@ def test_gpt2_fused_attention_reshards_from_tensor_parallel(tmp_path):
     reference = []
     train(str(model), plan=Plan.from_dict({"batch_size": 2, "grad_accum": 2, "seq_len": 32, "lr": 1e-3,
                                            "lr_schedule": "constant", "device": "cpu"}),
-          run=RunConfig.from_dict({"steps": 4, "data": "synthetic", "timing_warmup": 0}),
+          run=RunConfig.from_dict({"steps": 6, "data": "synthetic", "timing_warmup": 0}),
           on_step=lambda entry: reference.append(entry.outcome.loss))
     assert first == pytest.approx(reference[:2], rel=2e-5)
 
@@ -117,6 +119,10 @@ def test_gpt2_fused_attention_reshards_from_tensor_parallel(tmp_path):
     for name, tensor in final.items():
         assert torch.equal(exported[name], tensor), name
 
-    resumed = _train(["--nproc", "2", "--zero", "3", "--steps", "4", "--output", str(run), "--resume"],
-                     tmp_path / "b.jsonl", common)
-    assert resumed == pytest.approx(reference[2:], rel=2e-5)
+    piped = _train(["--nproc", "2", "--pp", "2", "--pp-schedule", "interleaved-1f1b", "--microbatches", "2",
+                    "--grad-accum", "2", "--steps", "4", "--output", str(run),
+                    "--resume"], tmp_path / "b.jsonl", common)
+    assert piped == pytest.approx(reference[2:4], rel=2e-5)
+    sharded = _train(["--nproc", "2", "--zero", "3", "--steps", "6", "--output", str(run), "--resume"],
+                     tmp_path / "c.jsonl", common)
+    assert sharded == pytest.approx(reference[4:], rel=2e-5)

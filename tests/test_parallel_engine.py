@@ -44,6 +44,8 @@ TWO_RANKS = {  # name: (model, knobs[, config changes])
     "PP 2, 1F1B, accumulation 2": ("tiny-llama", {"pp": 2, "microbatches": 2, "grad_accum": 2}),
     "PP 2, interleaved 1F1B": ("tiny-llama", {"pp": 2, "pp_schedule": "interleaved-1f1b", "microbatches": 2},
                                FOUR_BLOCKS),
+    # The head is tied to the embedding: the first and last stage add their gradients.
+    "PP 2, GPT-2": ("tiny-gpt2", {"pp": 2, "microbatches": 2}, GPT2_NO_DROPOUT),
 }
 FOUR_RANKS = {
     "DDP x 4": ("tiny-llama", {}),
@@ -55,6 +57,7 @@ FOUR_RANKS = {
     "PP 4, 1F1B": ("tiny-llama", {"pp": 4, "batch_size": 4, "microbatches": 4}, FOUR_BLOCKS),
     "PP 2 x DP 2": ("tiny-llama", {"pp": 2, "microbatches": 2}),
     "TP 2 x PP 2": ("tiny-llama", {"tp": 2, "pp": 2, "microbatches": 2}),
+    "TP 2 x PP 2, GPT-2": ("tiny-gpt2", {"tp": 2, "pp": 2, "microbatches": 2}, GPT2_NO_DROPOUT),
 }
 # Layouts whose whole peak the CPU probe sees (engine/memory_probe.py; not DDP's gradient
 # buckets or the pipeline's receive buffers, held in C++ from before the profiled step) and

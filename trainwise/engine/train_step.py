@@ -58,6 +58,8 @@ def training_step(setup: TrainingSetup, batches: Iterator[dict], plan: Plan, *, 
             scaler.scale(loss * scale).backward()
         losses.append(plain_loss(loss).detach().float())
         del loss, batch
+    if setup.pipeline is not None:
+        setup.pipeline.finish_gradients()  # a head tied to the embedding: add the two stages' gradients
     local_loss = torch.stack(losses).mean() if losses else None
     if setup.distributed is not None and setup.distributed.mesh is not None:
         mean_loss = parallel_mean_loss(local_loss, setup.distributed)  # the same value on every rank
@@ -74,7 +76,8 @@ def training_step(setup: TrainingSetup, batches: Iterator[dict], plan: Plan, *, 
         scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
         params = [p for p in model.parameters() if p.grad is not None]
         if setup.distributed is not None and setup.distributed.mesh is not None:
-            grad_norm = clip_gradients(params, plan.max_grad_norm, setup.distributed)
+            counted_elsewhere = setup.pipeline.counted_elsewhere() if setup.pipeline is not None else ()
+            grad_norm = clip_gradients(params, plan.max_grad_norm, setup.distributed, counted_elsewhere)
         else:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, plan.max_grad_norm, foreach=True).item()
     scale_before = scaler.get_scale() if scaler.is_enabled() else None

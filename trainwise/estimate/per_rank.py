@@ -5,8 +5,8 @@ Two parts, each from what really runs:
 * **The rank's model states** (weights, gradients, optimizer states) are sized exactly:
   the model is built on the meta device at the rank's shapes (tensor parallel divides the
   heads, key/value heads, MLP width and vocabulary, as the engine's DTensor plan splits
-  them; a pipeline rank holds its stage's blocks, the embedding on the first stage and the
-  final norm and head on the last), then sharded as FSDP2 shards (dimension 0, rank 0
+  them; a pipeline rank holds its stage's blocks, the embeddings on the first stage, the
+  final norm and head on the last, and a head tied to the embedding on both), then sharded as FSDP2 shards (dimension 0, rank 0
   holding the rounded-up share) or ZeroRedundancyOptimizer partitions (whole parameters,
   largest first, to the least loaded rank). The optimizer's states are created on fake
   tensors of those shapes by the real optimizer, so Adafactor's factored and 8-bit Adam's
@@ -41,8 +41,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from trainwise.estimate.extrapolate import block_count, with_blocks
 from trainwise.estimate.memory import MemoryEstimate
 from trainwise.plan.layout import Layout
-from trainwise.plan.partition import (TP_FAMILY_OF, balanced_bounds, data_parallel_choice, pipeline_microbatches,
-                                      rank_stages, stage_chunks_in_flight, stages_per_rank, zero_one_owner)
+from trainwise.plan.partition import (PIPELINE_FAMILY_OF, PIPELINE_PARTS, TP_FAMILY_OF, balanced_bounds,
+                                      data_parallel_choice, pipeline_microbatches, rank_stages, stage_chunks_in_flight,
+                                      stages_per_rank, zero_one_owner)
 from trainwise.plan.plan import Plan
 from trainwise.step.precision import precision_policy
 
@@ -163,7 +164,7 @@ def rank_memory(single: MemoryEstimate, activations_by_module: dict[str, int], m
     communication = _Communication(params, plan, policy, layout, view, choice,
                                    getattr(model.config, "hidden_size", 0))
     traced_policy = precision_policy(rank_plan(plan, layout).precision, device_type)  # what `single` ran
-    activations = (_stage_activations(single.activations, activations_by_module, view)
+    activations = (_stage_activations(single.activations, activations_by_module, view, model.config)
                    - _sequence_parallel_saving(activations_by_module, model, plan, layout, traced_policy)
                    + _loss_parallel_extra(model, plan, layout, view) * view.chunks_in_flight)
     ratios = {key: (state[key] / getattr(single, key)) if getattr(single, key) else 0.0 for key in STATE_KEYS}
@@ -249,18 +250,17 @@ def _rank_parameters(rank_model: RankModel, plan: Plan, policy, view: RankView) 
     base = getattr(model, "get_base_model", lambda: model)()
     blocks = largest_module_list(base) if one_block else None
     in_block = {id(p) for p in blocks.parameters()} if blocks is not None else set()
-    stage_only = {}
-    if not (view.has_embedding and view.has_head):  # a pipeline stage (the Llama family)
-        stage_only.update({id(p): "embedding" for p in base.get_input_embeddings().parameters()})
-        head = base.get_output_embeddings()
-        tail = [head] if head is not None else []
-        norm = getattr(getattr(base, "model", None), "norm", None)
-        tail += [norm] if norm is not None else []
-        stage_only.update({id(p): "head" for module in tail for p in module.parameters()})
+    held_by = {}  # parameter id -> the pipeline ends ("first", "last") holding it; both for a tied head
+    if not (view.has_embedding and view.has_head):  # a pipeline stage
+        parts = PIPELINE_PARTS[PIPELINE_FAMILY_OF[rank_model.config.model_type]]
+        for end, paths in (("first", parts.first), ("last", parts.last)):
+            for path in paths:
+                for p in base.get_submodule(path).parameters():
+                    held_by.setdefault(id(p), set()).add(end)
     params = []
     for name, param in model.named_parameters():
-        where = stage_only.get(id(param))
-        if (where == "embedding" and not view.has_embedding) or (where == "head" and not view.has_head):
+        ends = held_by.get(id(param))
+        if ends and not (("first" in ends and view.has_embedding) or ("last" in ends and view.has_head)):
             continue
         block = id(param) in in_block
         params.append(_Param(name, tuple(param.shape), param.dtype, param.requires_grad,
@@ -420,13 +420,19 @@ def _sequence_parallel_saving(by_module: dict[str, int], model: RankModel, plan:
     return max(round((per_block * model.config.num_hidden_layers + final) * (1 - 1 / layout.tp)), 0)
 
 
-def _stage_activations(traced: int, by_module: dict[str, int], view: RankView) -> int:
-    """Saved activations of the rank's stages: the traced chunk's, less what the embedding
-    or the head (logits, loss) saved where the rank holds none, times the chunks in flight."""
-    def is_head(module: str) -> bool:
-        return module == "model.norm" or not (module.startswith("model.") or module == "(model inputs)")
+def _stage_activations(traced: int, by_module: dict[str, int], view: RankView, config) -> int:
+    """Saved activations of the rank's stages: the traced chunk's, less what the embeddings
+    or the head (final norm, logits, loss) saved where the rank holds none, times the
+    chunks in flight."""
+    if view.has_embedding and view.has_head:
+        return traced * view.chunks_in_flight
+    parts = PIPELINE_PARTS[PIPELINE_FAMILY_OF[config.model_type]]
+    core = parts.blocks.split(".")[0] + "."
+
+    def is_head(module: str) -> bool:  # the loss runs outside the core model
+        return parts.holds(module, parts.last) or not (module.startswith(core) or module == "(model inputs)")
 
     dropped = sum(nbytes for module, nbytes in by_module.items()
                   if (not view.has_head and is_head(module))
-                  or (not view.has_embedding and module.startswith("model.embed_tokens")))
+                  or (not view.has_embedding and parts.holds(module, parts.first)))
     return max(traced - dropped, 0) * view.chunks_in_flight

@@ -33,7 +33,29 @@ FUSED_PROJECTIONS = {"gpt2": {"attn.c_attn": 3}}
 # Attributes of a block's modules that hold a size tensor parallel divides (the heads a
 # rank computes): GPT-2 splits c_attn's output by split_size.
 TP_LOCAL_SIZES = {"gpt2": ("attn.split_size", "attn.num_heads")}
-PIPELINE_FAMILIES = ("llama", "mistral", "qwen2")
+PIPELINE_FAMILY_OF = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gpt2": "gpt2"}
+
+
+@dataclass(frozen=True)
+class PipelineParts:
+    """Where a decoder family keeps its blocks, and the modules its first stage holds
+    besides blocks (the embeddings) and its last stage (final norm, head); the first of
+    `first` is the token embedding and the last of `last` the head (tied or not)."""
+
+    blocks: str
+    first: tuple[str, ...]
+    last: tuple[str, ...]
+
+    def holds(self, module: str, paths: tuple[str, ...]) -> bool:
+        """Whether module name `module` is one of `paths` or inside one."""
+        return any(module == path or module.startswith(path + ".") for path in paths)
+
+
+PIPELINE_PARTS = {
+    "llama": PipelineParts("model.layers", ("model.embed_tokens",), ("model.norm", "lm_head")),
+    "gpt2": PipelineParts("transformer.h", ("transformer.wte", "transformer.wpe", "transformer.drop"),
+                          ("transformer.ln_f", "lm_head")),
+}
 
 
 def check_tensor_parallel(config, tp: int, sequence_parallel: bool = False) -> None:
@@ -70,12 +92,9 @@ def check_pipeline(config, pp: int, schedule: str, microbatches: int, batch_size
     """InputError naming the flag when the model or the batch cannot be pipelined so."""
     if pp == 1:
         return
-    if getattr(config, "model_type", None) not in PIPELINE_FAMILIES:
-        raise InputError("--pp", f"pipeline parallel supports the {', '.join(PIPELINE_FAMILIES)} decoders; "
+    if getattr(config, "model_type", None) not in PIPELINE_FAMILY_OF:
+        raise InputError("--pp", f"pipeline parallel supports the {', '.join(PIPELINE_FAMILY_OF)} decoders; "
                                  f"not {getattr(config, 'model_type', '?')}")
-    if getattr(config, "tie_word_embeddings", False):
-        raise InputError("--pp", "the model ties its head to its embedding, which sit on different stages; "
-                                 "use --fsdp/--zero or --tp for it")
     stages = pp * stages_per_rank(schedule)
     if config.num_hidden_layers < stages:
         raise InputError("--pp", f"{stages} stages need at least {stages} blocks; the model has "

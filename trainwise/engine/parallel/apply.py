@@ -70,6 +70,6 @@ def split_pipeline(model: nn.Module, plan: Plan, distributed: Distributed, devic
     microbatches = pipeline_microbatches(plan, distributed.layout.pp)
     base = getattr(model, "get_base_model", lambda: model)()
     check_pipeline(base.config, distributed.layout.pp, plan.pp_schedule, microbatches, plan.batch_size)
-    runner = build_pipeline(model, distributed.submesh("pp"), schedule=plan.pp_schedule, microbatches=microbatches,
+    runner = build_pipeline(model, distributed.mesh, schedule=plan.pp_schedule, microbatches=microbatches,
                             device=device, loss_scale=micro_batch_loss_scale(plan.grad_accum))
     return runner, list(runner.stages)

@@ -23,6 +23,7 @@ consolidated on rank 0 into trainer_state.pt, and resumes under ZeRO-1 at any wo
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from dataclasses import asdict
@@ -100,16 +101,19 @@ def load_distributed_checkpoint(path, *, setup, plan) -> TrainingState:
                                      "(one-device checkpoints resume without --nproc)")
     info = json.loads((path / INFO_FILE).read_text())
     _check_plan(info.get("plan"), plan)
-    model_state, optimizer_state = _state_dicts(setup, shapes="model")
-    fused = fused_projections(unwrap(_first_part(setup.model)))
-    saved_zero_one = (info.get("plan") or {}).get("zero") == 1
-    wanted = {"model": to_checkpoint_shapes(model_state, fused)}
-    if optimizer_state and not saved_zero_one:
-        wanted["optimizer"] = {**optimizer_state, "state": to_checkpoint_shapes(optimizer_state["state"], fused)}
+    model_state, optimizer_state = _state_dicts(setup, form="model")
+    if (info.get("plan") or {}).get("zero") == 1:
+        optimizer_state = None
+    wanted = {"model": _in_checkpoint_form(setup, model_state, loading=True)}
+    if optimizer_state:
+        own_groups = copy.deepcopy(optimizer_state["param_groups"])  # dcp.load overwrites them in place
+        wanted["optimizer"] = {**optimizer_state, "state": _in_checkpoint_form(setup, optimizer_state["state"],
+                                                                                loading=True)}
     dcp.load(wanted, checkpoint_id=str(path / DCP_FOLDER))
-    wanted["model"] = to_model_shapes(wanted["model"], model_state)
+    wanted["model"] = _in_model_form(setup, wanted["model"], model_state)
     if "optimizer" in wanted:
-        wanted["optimizer"]["state"] = to_model_shapes(wanted["optimizer"]["state"], optimizer_state["state"])
+        wanted["optimizer"]["state"] = _in_model_form(setup, wanted["optimizer"]["state"], optimizer_state["state"])
+        wanted["optimizer"]["param_groups"] = _own_parameter_names(setup.model, wanted["optimizer"], own_groups)
     options = StateDictOptions(strict=True)
     set_model_state_dict(setup.model, wanted["model"], options=options)
     saved = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
@@ -158,18 +162,69 @@ def export_from_distributed(output, checkpoint: Path, setup) -> dict:
     return {"final model" if not hasattr(unwrap(setup.model), "peft_config") else "LoRA adapter": final}
 
 
-def _state_dicts(setup, shapes: str = "checkpoint") -> tuple[dict, dict | None]:
+def _state_dicts(setup, form: str = "checkpoint") -> tuple[dict, dict | None]:
     """Model and optimizer state, keyed by parameter name, as this rank's shards: in the
-    shapes the checkpoint stores (checkpoint_shapes.py) or the model's own."""
+    names and shapes the checkpoint stores (form "checkpoint") or the model's own."""
     model_state = get_model_state_dict(setup.model)
     optimizer_state = (None if isinstance(setup.optimizer, ZeroRedundancyOptimizer)
                        else get_optimizer_state_dict(setup.model, setup.optimizer))
-    if shapes == "model":
+    if form == "model":
         return model_state, optimizer_state
-    fused = fused_projections(unwrap(_first_part(setup.model)))
     if optimizer_state is not None:
-        optimizer_state = {**optimizer_state, "state": to_checkpoint_shapes(optimizer_state["state"], fused)}
-    return to_checkpoint_shapes(model_state, fused), optimizer_state
+        optimizer_state = {**optimizer_state, "state": _in_checkpoint_form(setup, optimizer_state["state"])}
+    return _in_checkpoint_form(setup, model_state), optimizer_state
+
+
+def _in_checkpoint_form(setup, state: dict, loading: bool = False) -> dict:
+    """`state` (parameter name -> tensors) under the checkpoint's names and shapes. A rank
+    running two pipeline stages (interleaved 1F1B) holds them in a ModuleList whose names
+    start with the stage's index: dropped. Loading, the last stage's copy of a head tied
+    to the embedding reads the embedding's entries, which every layout saves (the head's
+    own name has no optimizer state where the two are one parameter)."""
+    fused = fused_projections(unwrap(_first_part(setup.model)))
+    names = _checkpoint_names(setup, loading)
+    return {names(name): value for name, value in to_checkpoint_shapes(state, fused).items()}
+
+
+def _in_model_form(setup, loaded: dict, model_state: dict) -> dict:
+    """The inverse of _in_checkpoint_form(..., loading=True), keyed like `model_state`."""
+    names = _checkpoint_names(setup, loading=True)
+    by_checkpoint_name = {names(name): name for name in model_state}
+    return to_model_shapes({by_checkpoint_name[name]: value for name, value in loaded.items()}, model_state)
+
+
+def _own_parameter_names(model: nn.Module, loaded: dict, own: list[dict]) -> list[dict]:
+    """The saved parameter groups' settings (learning rate and the like) with this rank's
+    parameter names: the saved names are one rank's, and under pipeline parallel that
+    rank's stage may hold another part of the model. A weight with two names (a tied
+    head) is listed under the name its loaded state has: set_optimizer_state_dict wants
+    state for whichever name the groups list, and torch's own state dict of an FSDP2
+    model lists the head's name while keying the state by the embedding's."""
+    aliases: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(param), []).append(name)
+    alias_of = {name: names for names in aliases.values() for name in names}
+
+    def with_state(name: str) -> str:
+        return next((alias for alias in alias_of.get(name, [name]) if alias in loaded["state"]), name)
+
+    groups = own if len(loaded["param_groups"]) != len(own) else loaded["param_groups"]
+    return [{**saved, "params": [with_state(name) for name in mine["params"]]} for saved, mine in zip(groups, own)]
+
+
+def _checkpoint_names(setup, loading: bool):
+    stages = list(setup.model) if isinstance(setup.model, nn.ModuleList) else [setup.model]
+    tied = {}
+    if loading and setup.pipeline is not None:
+        for stage in setup.pipeline.stages:
+            if stage.is_last and stage.tied_weight() is not None:
+                tied[stage.parts.last[-1] + ".weight"] = stage.parts.first[0] + ".weight"
+    prefixed = len(stages) > 1
+
+    def name(key: str) -> str:
+        key = key.split(".", 1)[1] if prefixed else key
+        return tied.get(key, key)
+    return name
 
 
 def _zero_one_state(setup) -> dict | None:

@@ -2,19 +2,18 @@
 
 The model is cut at block boundaries into `pp` stages (2 x pp under interleaved 1F1B,
 stage s on rank s mod pp), as even in blocks as they can be: the first stage also holds
-the token embedding, the last the final norm, the head and the loss. A stage is a small
-module that *references* the user's own submodules under their original attribute paths
-(`model.layers.7`, `lm_head`, ...), so its state dict is a piece of the full model's with
-the same names: distributed checkpoints move between layouts by those names. Its
-forward repeats what the decoder's own forward does between those modules (positions,
-rotary embeddings, causal mask): that is the one per-family piece of code here.
+the token embedding, the last the final norm, the head and the loss. The stage modules
+(pipeline_stages.py) keep the model's own parameter names.
 
 Each `step(batch)` splits the micro-batch into `microbatches` pipeline chunks and runs
 them through the schedule (GPipe, 1F1B or interleaved 1F1B), which overlaps the stages'
-work and sends activations and their gradients between neighbouring ranks.
+work and sends activations and their gradients between neighbouring ranks. When the head
+is tied to the embedding, `finish_gradients()` adds the first stage's and the last
+stage's gradients of that weight (an all-reduce between those two ranks) once the step's
+backward is done.
 
-Supported: the Llama family (Llama, Mistral, Qwen2) with untied embeddings and packed
-(unpadded) sequences.
+Supported: the Llama family (Llama, Mistral, Qwen2) and GPT-2, with packed (unpadded)
+sequences.
 """
 
 from __future__ import annotations
@@ -23,45 +22,14 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.tensor import DTensor
 
-from trainwise.engine.parallel.reduce import plain_loss
+from trainwise.engine.parallel.pipeline_stages import DecoderStage, stage_class
+from trainwise.engine.parallel.reduce import all_reduce_in_place, plain_loss
 from trainwise.plan.errors import InputError
-from trainwise.plan.partition import balanced_bounds, rank_stages, stages_per_rank
+from trainwise.plan.partition import PIPELINE_PARTS, balanced_bounds, rank_stages, stages_per_rank
 
 _SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}
-
-
-class DecoderStage(nn.Module):
-    """Blocks [first, end) of a Llama-family causal LM, plus the embedding (first stage)
-    or the final norm and head (last stage), under their original names."""
-
-    def __init__(self, causal_lm: nn.Module, first: int, end: int, is_first: bool, is_last: bool):
-        super().__init__()
-        core = causal_lm.model
-        self.config = causal_lm.config
-        self.is_first, self.is_last = is_first, is_last
-        self.model = nn.Module()
-        if is_first:
-            self.model.embed_tokens = core.embed_tokens
-        self.model.layers = nn.ModuleDict({str(i): core.layers[i] for i in range(first, end)})
-        self.model.rotary_emb = core.rotary_emb  # buffers only, needed by every stage
-        if is_last:
-            self.model.norm = core.norm
-            self.lm_head = causal_lm.lm_head
-
-    def forward(self, tokens_or_hidden: torch.Tensor) -> torch.Tensor:
-        from transformers.masking_utils import create_causal_mask
-
-        hidden = self.model.embed_tokens(tokens_or_hidden) if self.is_first else tokens_or_hidden
-        positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
-        mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=None,
-                                  past_key_values=None, position_ids=positions)
-        rotary = self.model.rotary_emb(hidden, position_ids=positions)
-        for layer in self.model.layers.values():
-            hidden = layer(hidden, attention_mask=mask, position_embeddings=rotary, position_ids=positions)
-        if self.is_last:
-            return self.lm_head(self.model.norm(hidden))
-        return hidden
 
 
 class PipelineRunner:
@@ -69,9 +37,28 @@ class PipelineRunner:
     backward of one micro-batch, accumulating into the stages' gradients, and returns its
     mean loss on the rank holding the last stage (None elsewhere)."""
 
-    def __init__(self, stages: list[DecoderStage], schedule, loss_scale: float):
+    def __init__(self, stages: list[DecoderStage], schedule, loss_scale: float, tied_group=None):
         self.stages, self._schedule, self._loss_scale = stages, schedule, loss_scale
         self.is_last = any(stage.is_last for stage in stages)
+        self._tied_group = tied_group  # this rank's first/last-stage pair, when the head is tied
+
+    def tied_weights(self) -> list[nn.Parameter]:
+        """This rank's copies of a tied head/embedding weight (none on middle stages)."""
+        return [weight for stage in self.stages if (weight := stage.tied_weight()) is not None]
+
+    def counted_elsewhere(self) -> list[nn.Parameter]:
+        """Parameters whose gradient the first stage's rank already counts in the global
+        gradient norm: the last stage's copy of a tied weight."""
+        return [stage.tied_weight() for stage in self.stages if stage.is_last and stage.tied_weight() is not None]
+
+    def finish_gradients(self) -> None:
+        """After the step's last backward: both copies of a tied weight get the sum of
+        their gradients, so the two ranks' optimizers make the same update."""
+        for weight in self.tied_weights():
+            grad = weight.grad
+            if grad is None:  # a rank that saw no tokens this step still takes part
+                grad = weight.grad = torch.zeros_like(weight)
+            all_reduce_in_place(grad.to_local() if isinstance(grad, DTensor) else grad, self._tied_group)
 
     def step(self, batch: dict) -> torch.Tensor | None:
         mask = batch.get("attention_mask")
@@ -85,17 +72,20 @@ class PipelineRunner:
         return torch.stack([plain_loss(loss).detach() for loss in losses]).sum() / self._loss_scale
 
 
-def build_pipeline(model: nn.Module, pp_mesh: DeviceMesh, *, schedule: str, microbatches: int,
+def build_pipeline(model: nn.Module, mesh: DeviceMesh, *, schedule: str, microbatches: int,
                    device: torch.device, loss_scale: float = 1.0) -> PipelineRunner:
-    """Cut `model` into this rank's stages and build the schedule over `pp_mesh`."""
+    """Cut `model` into this rank's stages and build the schedule over the "pp" dimension
+    of the run's `mesh`."""
+    pp_mesh = mesh["pp"]
     pp = pp_mesh.size()
     base = getattr(model, "get_base_model", lambda: model)()
     rank = pp_mesh.get_local_rank()
     total = pp * stages_per_rank(schedule)
     bounds = balanced_bounds(base.config.num_hidden_layers, total)
     indices = rank_stages(rank, pp, schedule)
-    modules = [DecoderStage(base, *bounds[i], is_first=i == 0, is_last=i == total - 1).to(device) for i in indices]
-    _drop_other_blocks(base, {b for i in indices for b in range(*bounds[i])})
+    stage = stage_class(base.config)
+    modules = [stage(base, *bounds[i], is_first=i == 0, is_last=i == total - 1).to(device) for i in indices]
+    _drop_other_blocks(base.get_submodule(PIPELINE_PARTS[stage.family].blocks), {b for i in indices for b in range(*bounds[i])})
     group = pp_mesh.get_group()
     stages = [PipelineStage(module, i, total, device, group=group) for module, i in zip(modules, indices)]
     loss_function = base.loss_function
@@ -109,13 +99,28 @@ def build_pipeline(model: nn.Module, pp_mesh: DeviceMesh, *, schedule: str, micr
     schedule_class = _SCHEDULES[schedule]
     runner_schedule = schedule_class(stages if schedule == "interleaved-1f1b" else stages[0], microbatches,
                                      loss_fn=loss, scale_grads=False)
-    return PipelineRunner(modules, runner_schedule, loss_scale)
+    tied_group = _first_last_group(mesh) if getattr(base.config, "tie_word_embeddings", False) else None
+    return PipelineRunner(modules, runner_schedule, loss_scale, tied_group)
 
 
-def _drop_other_blocks(causal_lm: nn.Module, kept: set[int]) -> None:
+def _first_last_group(mesh: DeviceMesh):
+    """The process group of the first and the last pipeline rank that share this rank's
+    other mesh coordinates (None on the ranks between them). Every rank creates every
+    pair's group, as torch.distributed requires."""
+    import torch.distributed as dist
+
+    ranks = mesh.mesh.movedim(mesh.mesh_dim_names.index("pp"), -1).reshape(-1, mesh["pp"].size())
+    mine = None
+    for row in ranks.tolist():
+        group = dist.new_group([row[0], row[-1]])
+        if dist.get_rank() in (row[0], row[-1]):
+            mine = group
+    return mine
+
+
+def _drop_other_blocks(blocks: nn.ModuleList, kept: set[int]) -> None:
     """Let go of the blocks other ranks hold, so their memory is freed on this one (the
     model object is consumed by the pipeline; its stages keep what they need)."""
-    layers = causal_lm.model.layers
-    for index in range(len(layers)):
+    for index in range(len(blocks)):
         if index not in kept:
-            layers[index] = nn.Identity()
+            blocks[index] = nn.Identity()

@@ -35,12 +35,27 @@ def mean_loss(local: torch.Tensor | None, distributed: Distributed) -> float:
     return total / count if count else math.nan
 
 
-def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float, distributed: Distributed) -> float:
+def all_reduce_in_place(tensor: torch.Tensor, group) -> None:
+    """Sum `tensor` over `group` where it lies (a host tensor under NCCL goes through the
+    GPU: CPU offload keeps gradients in host memory)."""
+    device = _collective_device_of_group(group)
+    if tensor.device == device:
+        dist.all_reduce(tensor, group=group)
+        return
+    moved = tensor.to(device)
+    dist.all_reduce(moved, group=group)
+    tensor.copy_(moved)
+
+
+def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float, distributed: Distributed,
+                   counted_elsewhere: tuple = ()) -> float:
     """Scale every gradient so that the global norm is at most `max_norm`; return the
-    global norm before clipping (the same number on every rank)."""
+    global norm before clipping (the same number on every rank). `counted_elsewhere`:
+    parameters whose gradient another rank holds too and counts (a tied weight's copy)."""
     grads = [p.grad for p in parameters if p.grad is not None]
+    skip = {id(p) for p in counted_elsewhere}
     squares = torch.zeros((), dtype=torch.float64)
-    for group in _groups(grads):
+    for group in _groups([p.grad for p in parameters if p.grad is not None and id(p) not in skip]):
         if distributed.layout.cpu_offload and isinstance(group[0], DTensor):
             squares += _offloaded_squares(group, distributed)
             continue
@@ -85,4 +100,10 @@ def _groups(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
 
 
 def _collective_device(distributed: Distributed) -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    return _collective_device_of_group(None)
+
+
+def _collective_device_of_group(group) -> torch.device:
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

@@ -1,0 +1,121 @@
+"""Pipeline stages of unmodified decoders: one small module per family.
+
+A stage *references* the user's own submodules under their original attribute paths
+(`model.layers.7`, `transformer.h.3`, `lm_head`, ...), so its state dict is a piece of the
+full model's with the same names and distributed checkpoints move between layouts by
+those names. Its forward repeats what the decoder's own forward does between those
+modules (positions, position embeddings, causal mask): the one per-family piece of code.
+
+A head tied to the token embedding (GPT-2, Llama 3.2 1B, Qwen2.5 0.5B) sits on the last
+stage while the embedding sits on the first: each of the two ranks holds its own copy of
+the one weight, and `tied_weight()` names it, for the pipeline to add the two gradients
+before every optimizer step (so both copies stay equal, as one weight would be).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from trainwise.plan.partition import PIPELINE_FAMILY_OF, PIPELINE_PARTS
+
+
+class DecoderStage(nn.Module):
+    """Blocks [first, end) of a causal LM, plus the embeddings (first stage) or the final
+    norm and head (last stage), under their original names (plan/partition.py's
+    PIPELINE_PARTS). Subclasses run them."""
+
+    family = ""
+
+    def __init__(self, causal_lm: nn.Module, first: int, end: int, is_first: bool, is_last: bool):
+        super().__init__()
+        self.config = causal_lm.config
+        self.is_first, self.is_last = is_first, is_last
+        self.parts = PIPELINE_PARTS[self.family]
+        blocks = causal_lm.get_submodule(self.parts.blocks)
+        self._attach(self.parts.blocks, nn.ModuleDict({str(i): blocks[i] for i in range(first, end)}))
+        for path in (self.parts.first if is_first else ()) + (self.parts.last if is_last else ()):
+            self._attach(path, causal_lm.get_submodule(path))
+        self._tied = bool(getattr(self.config, "tie_word_embeddings", False))
+
+    def _attach(self, path: str, module: nn.Module) -> None:
+        """Put `module` at `path` in this stage, creating the empty parents on the way."""
+        owner = self
+        *parents, name = path.split(".")
+        for parent in parents:
+            if not hasattr(owner, parent):
+                owner.add_module(parent, nn.Module())
+            owner = getattr(owner, parent)
+        owner.add_module(name, module)
+
+    def blocks(self):
+        return self.get_submodule(self.parts.blocks).values()
+
+    def tied_weight(self) -> nn.Parameter | None:
+        """This stage's copy of a head weight tied to the embedding (the embedding's on the
+        first stage, the head's on the last), read now: data parallel may have swapped it."""
+        if not self._tied:
+            return None
+        if self.is_first:
+            return self.get_submodule(self.parts.first[0]).weight
+        if self.is_last:
+            return self.get_submodule(self.parts.last[-1]).weight
+        return None
+
+    @staticmethod
+    def positions(hidden: torch.Tensor) -> torch.Tensor:
+        return torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+
+    def causal_mask(self, hidden: torch.Tensor, positions: torch.Tensor):
+        from transformers.masking_utils import create_causal_mask
+
+        return create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=None,
+                                  past_key_values=None, position_ids=positions)
+
+
+class LlamaStage(DecoderStage):
+    """Llama, Mistral, Qwen2: rotary position embeddings computed on every stage."""
+
+    family = "llama"
+
+    def __init__(self, causal_lm: nn.Module, first: int, end: int, is_first: bool, is_last: bool):
+        super().__init__(causal_lm, first, end, is_first, is_last)
+        self.model.rotary_emb = causal_lm.model.rotary_emb  # buffers only, needed by every stage
+
+    def forward(self, tokens_or_hidden: torch.Tensor) -> torch.Tensor:
+        hidden = self.model.embed_tokens(tokens_or_hidden) if self.is_first else tokens_or_hidden
+        positions = self.positions(hidden)
+        mask = self.causal_mask(hidden, positions)
+        rotary = self.model.rotary_emb(hidden, position_ids=positions)
+        for layer in self.blocks():
+            hidden = layer(hidden, attention_mask=mask, position_embeddings=rotary, position_ids=positions)
+        if self.is_last:
+            return self.lm_head(self.model.norm(hidden))
+        return hidden
+
+
+class GPT2Stage(DecoderStage):
+    """GPT-2: learned position embeddings added on the first stage, dropout after them."""
+
+    family = "gpt2"
+
+    def forward(self, tokens_or_hidden: torch.Tensor) -> torch.Tensor:
+        positions = self.positions(tokens_or_hidden)
+        if self.is_first:
+            hidden = self.transformer.wte(tokens_or_hidden) + self.transformer.wpe(positions)
+            hidden = self.transformer.drop(hidden)
+        else:
+            hidden = tokens_or_hidden
+        mask = self.causal_mask(hidden, positions)
+        for block in self.blocks():
+            hidden = block(hidden, None, mask, position_ids=positions)
+        if self.is_last:
+            return self.lm_head(self.transformer.ln_f(hidden))
+        return hidden
+
+
+STAGE_CLASSES = {"llama": LlamaStage, "gpt2": GPT2Stage}
+
+
+def stage_class(config) -> type[DecoderStage]:
+    return STAGE_CLASSES[PIPELINE_FAMILY_OF[config.model_type]]
