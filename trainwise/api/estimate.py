@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from trainwise.api.compatibility import check_device_support, check_estimate_support
 from trainwise.estimate.per_rank import (RankModel, check_rank_estimate, rank_config, rank_memory, rank_plan,
-                                        rank_views)
+                                         rank_reshape, rank_views)
 from trainwise.estimate.extrapolate import (TRACED_BLOCKS, CannotSynthesize, block_count, extrapolate_dataclass,
                                              extrapolated_stacks, same_timeline, should_extrapolate,
                                              synthesize_trace, with_blocks)
@@ -87,11 +87,13 @@ def estimate(model: str | ModelSpec, plan: Plan | None = None, *, task: str | No
     return _one_device(spec, plan, device)
 
 
-def _one_device(spec: ModelSpec, plan: Plan, device: Device) -> EstimateResult:
+def _one_device(spec: ModelSpec, plan: Plan, device: Device, reshape=None) -> EstimateResult:
+    """The traced one-device estimate; `reshape` changes each built model first (the
+    per-rank estimate's tensor-parallel shapes)."""
     blocks = block_count(spec.config)
     if should_extrapolate(blocks):
         small_n, large_n = TRACED_BLOCKS
-        small, large = (_trace(dataclasses.replace(spec, config=with_blocks(spec.config, n)), plan, device)
+        small, large = (_trace(dataclasses.replace(spec, config=with_blocks(spec.config, n)), plan, device, reshape)
                         for n in (small_n, large_n))
         memory, extrapolation = _repeated_blocks(small[0], large[0], blocks, device), "repeated"
         if memory is None:
@@ -103,7 +105,7 @@ def _one_device(spec: ModelSpec, plan: Plan, device: Device) -> EstimateResult:
         trainable = _extrapolate_count(small[0].trainable_params, large[0].trainable_params, small_n, large_n, blocks)
         trace, notes, traced = large[0], large[2], (small_n, large_n)
     else:
-        trace, memory, notes = _trace(spec, plan, device)
+        trace, memory, notes = _trace(spec, plan, device, reshape)
         params, trainable, traced, extrapolation = trace.params, trace.trainable_params, None, None
     return EstimateResult(model=spec.name, task=spec.task, params=params, trainable_params=trainable,
                           device=device, plan=plan, memory=memory,
@@ -120,17 +122,22 @@ def _per_rank(spec: ModelSpec, plan: Plan, device: Device) -> EstimateResult:
     if reason:
         raise NotSupportedYet("--tp", reason)
     traced: dict[int, EstimateResult] = {}
+    reshape = rank_reshape(spec.config, layout)
     ranks, first = [], None
     for view in rank_views(spec.config, plan, layout):
         config = rank_config(spec.config, layout, view.blocks)
         if view.blocks not in traced:
-            traced[view.blocks] = _one_device(dataclasses.replace(spec, config=config), rank_plan(plan, layout), device)
+            traced[view.blocks] = _one_device(dataclasses.replace(spec, config=config), rank_plan(plan, layout), device,
+                                              reshape)
         single = traced[view.blocks]
 
         def build(blocks: int | None, config=config):
             shaped = config if blocks is None else with_blocks(config, blocks)
-            return build_model_with_notes(dataclasses.replace(spec, config=shaped), "meta", attention=plan.attention,
-                                          batch_size=plan.batch_size, seq_len=plan.seq_len).model
+            model = build_model_with_notes(dataclasses.replace(spec, config=shaped), "meta", attention=plan.attention,
+                                           batch_size=plan.batch_size, seq_len=plan.seq_len).model
+            if reshape is not None:
+                reshape(model)
+            return model
 
         memory, details = rank_memory(single.memory, single.activations_by_module,
                                       RankModel(config, build, spec.task), plan, layout, view, device.kind)
@@ -164,9 +171,12 @@ def _counts(spec: ModelSpec, plan: Plan, device: Device) -> tuple[int, int]:
     return tuple(_extrapolate_count(one, two, 1, 2, blocks) for one, two in zip(*counts))
 
 
-def _trace(spec: ModelSpec, plan: Plan, device: Device) -> tuple[StepTrace, MemoryEstimate, tuple[str, ...]]:
+def _trace(spec: ModelSpec, plan: Plan, device: Device,
+           reshape=None) -> tuple[StepTrace, MemoryEstimate, tuple[str, ...]]:
     built = build_model_with_notes(spec, "meta", attention=plan.attention,
                                    batch_size=plan.batch_size, seq_len=plan.seq_len)
+    if reshape is not None:
+        reshape(built.model)
     batch_fn = lambda: example_batch(spec, plan.batch_size, plan.seq_len, device="cpu")  # noqa: E731
     trace = trace_training_step(built.model, batch_fn, plan, device.kind, task=spec.task)
     return trace, memory_from_trace(trace, device), tuple(built.notes)

@@ -41,9 +41,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from trainwise.estimate.extrapolate import block_count, with_blocks
 from trainwise.estimate.memory import MemoryEstimate
 from trainwise.plan.layout import Layout
-from trainwise.plan.partition import (PIPELINE_FAMILY_OF, PIPELINE_PARTS, TP_FAMILY_OF, balanced_bounds,
-                                      data_parallel_choice, pipeline_microbatches, rank_stages, stage_chunks_in_flight,
-                                      stages_per_rank, zero_one_owner)
+from trainwise.plan.partition import (FUSED_PROJECTIONS, PIPELINE_FAMILY_OF, PIPELINE_PARTS, TP_BLOCK_PLANS,
+                                      TP_FAMILY_OF, TP_LOCAL_SIZES, balanced_bounds, data_parallel_choice,
+                                      pipeline_microbatches, rank_stages, stage_chunks_in_flight, stages_per_rank,
+                                      zero_one_owner)
 from trainwise.plan.plan import Plan
 from trainwise.step.precision import precision_policy
 
@@ -87,19 +88,76 @@ def rank_views(config, plan: Plan, layout: Layout) -> list[RankView]:
 
 
 def rank_config(config, layout: Layout, blocks: int):
-    """The config whose one-device model has this rank's shapes: tensor parallel divides
-    the heads, key/value heads, MLP width and vocabulary (head size kept); `blocks` blocks."""
+    """The config whose one-device model has this rank's shapes (with rank_reshape's
+    changes): tensor parallel divides the vocabulary and, in the Llama family, whose head
+    size is a config entry, the heads, key/value heads and MLP width; `blocks` blocks."""
     if config is None:
         return None
     local = with_blocks(config, blocks) if layout.pp > 1 else copy.deepcopy(config)
     if layout.tp > 1:
+        local.vocab_size = -(-config.vocab_size // layout.tp)  # rank 0's rows: DTensor gives it the larger share
+    if layout.tp > 1 and TP_FAMILY_OF.get(config.model_type) == "llama":
         local.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         local.num_attention_heads = config.num_attention_heads // layout.tp
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         local.num_key_value_heads = kv_heads // layout.tp
         local.intermediate_size = config.intermediate_size // layout.tp
-        local.vocab_size = -(-config.vocab_size // layout.tp)  # rank 0's rows: DTensor gives it the larger share
     return local
+
+
+def rank_reshape(config, layout: Layout) -> Callable[[nn.Module], None] | None:
+    """What turns a model built from rank_config into this rank's tensor-parallel shapes
+    where a config cannot say them (BERT and GPT-2 derive the head size from the hidden
+    size and the head count): every projection the engine splits is rebuilt on the meta
+    device at its local size, as engine/parallel/tensor_parallel.py cuts it (column-wise:
+    output features / tp; row-wise: input features / tp). None where rank_config does it all."""
+    family = TP_FAMILY_OF.get(getattr(config, "model_type", None))
+    if layout.tp == 1 or family in (None, "llama"):
+        return None
+    return lambda model: tensor_parallel_shapes(model, family, layout.tp)
+
+
+def tensor_parallel_shapes(model: nn.Module, family: str, tp: int) -> None:
+    """Rebuild `model`'s split projections at one rank's shapes, in place (meta tensors)."""
+    blocks_path, plan = TP_BLOCK_PLANS[family]
+    base = getattr(model, "get_base_model", lambda: model)()
+    core = next(m for _, m in base.named_modules() if _has_submodule(m, blocks_path))
+    for block in core.get_submodule(blocks_path):
+        for path, kind in plan.items():
+            owner, _, name = path.rpartition(".")
+            parent = block.get_submodule(owner) if owner else block
+            setattr(parent, name, _local_projection(getattr(parent, name), kind, tp))
+        for path in TP_LOCAL_SIZES.get(family, ()):
+            owner, _, name = path.rpartition(".")
+            module = block.get_submodule(owner)
+            setattr(module, name, getattr(module, name) // tp)
+
+
+def _local_projection(module: nn.Module, kind: str, tp: int) -> nn.Module:
+    """A Linear or a Conv1D (weight [in, out]) like `module`, its output (column-wise) or
+    input (row-wise) features divided by tp."""
+    weight = module.weight
+    conv1d = type(module).__name__ == "Conv1D"
+    in_features, out_features = weight.shape if conv1d else weight.shape[::-1]
+    if kind == "colwise":
+        out_features //= tp
+    else:
+        in_features //= tp
+    with torch.device("meta"):
+        local = type(module)(out_features, in_features) if conv1d else nn.Linear(
+            in_features, out_features, bias=module.bias is not None)
+    local.to(weight.dtype)
+    for param, old in zip(local.parameters(), module.parameters()):
+        param.requires_grad_(old.requires_grad)
+    return local
+
+
+def _has_submodule(module: nn.Module, path: str) -> bool:
+    try:
+        module.get_submodule(path)
+        return True
+    except AttributeError:
+        return False
 
 
 def rank_plan(plan: Plan, layout: Layout) -> Plan:
@@ -116,9 +174,8 @@ def rank_plan(plan: Plan, layout: Layout) -> Plan:
 
 def check_rank_estimate(config, layout: Layout) -> str | None:
     """Why this layout's per-rank estimate cannot be made for this model, or None."""
-    if layout.tp > 1 and TP_FAMILY_OF.get(getattr(config, "model_type", "")) != "llama":
-        return ("the per-rank estimate for " + getattr(config, "model_type", "this model") + "; under --tp it models "
-                "the Llama family (Llama, Mistral, Qwen2), whose local shapes are a config change")
+    if layout.tp > 1 and TP_FAMILY_OF.get(getattr(config, "model_type", "")) is None:
+        return "the per-rank estimate for " + getattr(config, "model_type", "this model") + " under --tp"
     return None
 
 
@@ -153,7 +210,7 @@ def rank_memory(single: MemoryEstimate, activations_by_module: dict[str, int], m
     `single` is the traced one-device estimate of the rank's workload (rank_config,
     rank_plan), `activations_by_module` its saved activations per module."""
     policy = precision_policy(plan.precision, device_type)
-    params = _rank_parameters(model, plan, policy, view)
+    params = _rank_parameters(model, plan, policy, view, layout.tp)
     choice = data_parallel_choice(layout).kind
     shards = layout.fsdp if choice == "fsdp" else 1
     state = _state_bytes(params, plan, device_type, shards, layout.fsdp if choice == "zero1" else 1)
@@ -196,7 +253,7 @@ def _embedding_backward_peak(model: RankModel, layout: Layout, view: RankView, s
     chunks still in flight. The one-device trace of the rank's shapes never makes the whole
     gradient; on a pipeline's first stage, which holds no logits, this moment is the peak
     (tiny-llama TP 2 x PP 2 read 21 % low without it)."""
-    config = model.config  # the rank's: its vocabulary is the tp-th part (TP: Llama family only)
+    config = model.config  # the rank's: its vocabulary is the tp-th part
     if layout.tp == 1 or not view.has_embedding:
         return "backward", 0, {}
     whole = config.vocab_size * layout.tp * config.hidden_size  # up to tp - 1 rows over, with an uneven vocabulary * traced_policy.param_dtype.itemsize
@@ -238,7 +295,7 @@ def _phase_peak(single: MemoryEstimate, phase: str, live: dict[str, int], ratios
     return phase, max(base - sum(live.values()), 0) + sum(rank_live.values()), rank_live
 
 
-def _rank_parameters(rank_model: RankModel, plan: Plan, policy, view: RankView) -> list[_Param]:
+def _rank_parameters(rank_model: RankModel, plan: Plan, policy, view: RankView, tp: int = 1) -> list[_Param]:
     """The rank's parameters at their tensor-parallel shapes, built from a one-block model
     (blocks are identical; each block parameter stands for `view.blocks` copies) where the
     model is one stack of blocks, else from the whole model."""
@@ -257,15 +314,28 @@ def _rank_parameters(rank_model: RankModel, plan: Plan, policy, view: RankView) 
             for path in paths:
                 for p in base.get_submodule(path).parameters():
                     held_by.setdefault(id(p), set()).add(end)
+    fused = FUSED_PROJECTIONS.get(getattr(rank_model.config, "model_type", None), {})
     params = []
     for name, param in model.named_parameters():
         ends = held_by.get(id(param))
         if ends and not (("first" in ends and view.has_embedding) or ("last" in ends and view.has_head)):
             continue
         block = id(param) in in_block
-        params.append(_Param(name, tuple(param.shape), param.dtype, param.requires_grad,
-                             view.blocks if block else 1, block))
+        params.append(_Param(name, _held_shape(name, tuple(param.shape), fused if tp > 1 else {}), param.dtype,
+                             param.requires_grad, view.blocks if block else 1, block))
     return params
+
+
+def _held_shape(name: str, shape: tuple[int, ...], fused: dict[str, int]) -> tuple[int, ...]:
+    """The shape the engine holds a parameter in: tensor parallel keeps a fused
+    projection per part (engine/parallel/conv1d_parallel.py), which FSDP2 then shards on
+    its first dimension (a bias [3, n] splits by rows, not by elements)."""
+    for path, parts in fused.items():
+        if name.endswith(f".{path}.weight") and len(shape) == 2:
+            return (shape[0], parts, shape[1] // parts)
+        if name.endswith(f".{path}.bias") and len(shape) == 1:
+            return (parts, shape[0] // parts)
+    return shape
 
 
 def _shard_shape(shape: tuple[int, ...], shards: int) -> tuple[int, ...]:
@@ -392,7 +462,7 @@ def _loss_parallel_extra(model: RankModel, plan: Plan, layout: Layout, view: Ran
     checks the peak with it."""
     if layout.tp == 1 or not view.has_head or model.task != "causal-lm" or model.config is None:
         return 0
-    if TP_FAMILY_OF.get(getattr(model.config, "model_type", "")) != "llama":
+    if TP_FAMILY_OF.get(getattr(model.config, "model_type", "")) not in ("llama", "gpt2"):  # vocab-parallel heads
         return 0
     chunk = plan.batch_size // pipeline_microbatches(plan, layout.pp) if layout.pp > 1 else plan.batch_size
     return chunk * plan.seq_len * model.config.vocab_size * 4  # model.config: already the rank's vocabulary
