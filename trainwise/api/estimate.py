@@ -7,8 +7,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from trainwise.api.compatibility import check_device_support, check_estimate_support
-from trainwise.estimate.per_rank import (RankModel, check_rank_estimate, rank_config, rank_memory, rank_plan,
-                                         rank_reshape, rank_views)
+from trainwise.estimate.per_rank import (RankModel, rank_config, rank_memory, rank_plan,
+                                         headless_workload, rank_reshape, rank_views)
 from trainwise.estimate.extrapolate import (TRACED_BLOCKS, CannotSynthesize, block_count, extrapolate_dataclass,
                                              extrapolated_stacks, same_timeline, should_extrapolate,
                                              synthesize_trace, with_blocks)
@@ -16,7 +16,6 @@ from trainwise.estimate.memory import MemoryEstimate, memory_from_trace
 from trainwise.hardware import Device, resolve_device
 from trainwise.models import (ModelSpec, build_model_with_notes, check_seq_len, count_parameters, example_batch,
                               resolve_model)
-from trainwise.plan.errors import NotSupportedYet
 from trainwise.plan.layout import resolve_layout
 from trainwise.plan.partition import check_model_layout, data_parallel_choice
 from trainwise.plan.plan import Plan
@@ -118,18 +117,17 @@ def _per_rank(spec: ModelSpec, plan: Plan, device: Device) -> EstimateResult:
     (trainwise/estimate/per_rank.py); the parameter counts stay the whole model's."""
     layout = resolve_layout(plan)
     check_model_layout(spec.config, plan, layout)
-    reason = check_rank_estimate(spec.config, layout)
-    if reason:
-        raise NotSupportedYet("--tp", reason)
-    traced: dict[int, EstimateResult] = {}
+    traced: dict[tuple, EstimateResult] = {}
     reshape = rank_reshape(spec.config, layout)
     ranks, first = [], None
     for view in rank_views(spec.config, plan, layout):
         config = rank_config(spec.config, layout, view.blocks)
-        if view.blocks not in traced:
-            traced[view.blocks] = _one_device(dataclasses.replace(spec, config=config), rank_plan(plan, layout), device,
-                                              reshape)
-        single = traced[view.blocks]
+        key = (view.blocks, view.has_head)
+        if key not in traced:
+            workload, workload_reshape = (config, reshape) if view.has_head else headless_workload(config, reshape)
+            traced[key] = _one_device(dataclasses.replace(spec, config=workload, vocab_size=workload.vocab_size),
+                                      rank_plan(plan, layout), device, workload_reshape)
+        single = traced[key]
 
         def build(blocks: int | None, config=config):
             shaped = config if blocks is None else with_blocks(config, blocks)

@@ -117,6 +117,26 @@ def rank_reshape(config, layout: Layout) -> Callable[[nn.Module], None] | None:
     return lambda model: tensor_parallel_shapes(model, family, layout.tp)
 
 
+HEADLESS_VOCABULARY = 8
+
+
+def headless_workload(config, reshape: Callable[[nn.Module], None] | None):
+    """(config, reshape) of the traced workload of a pipeline stage without the head: the
+    head and the loss shrunk to 8 outputs, so that the logits, their gradient and the
+    loss's temporaries (which a one-device trace of the rank's blocks would peak on) are
+    not counted on a stage that never computes them; the embedding keeps its rows."""
+    small = copy.deepcopy(config)
+    small.vocab_size = HEADLESS_VOCABULARY
+
+    def reshape_headless(model: nn.Module) -> None:
+        if reshape is not None:
+            reshape(model)
+        old = model.get_input_embeddings()
+        model.set_input_embeddings(nn.Embedding(config.vocab_size, old.embedding_dim, padding_idx=old.padding_idx,
+                                                device="meta", dtype=old.weight.dtype))
+    return small, reshape_headless
+
+
 def tensor_parallel_shapes(model: nn.Module, family: str, tp: int) -> None:
     """Rebuild `model`'s split projections at one rank's shapes, in place (meta tensors)."""
     blocks_path, plan = TP_BLOCK_PLANS[family]
@@ -170,13 +190,6 @@ def rank_plan(plan: Plan, layout: Layout) -> Plan:
         precision = "bf16-pure"
     return plan.replace(batch_size=batch, precision=precision, nproc=1, dp=1, fsdp=1, tp=1, pp=1, zero=None,
                         cpu_offload=False, microbatches=None, sequence_parallel=False)
-
-
-def check_rank_estimate(config, layout: Layout) -> str | None:
-    """Why this layout's per-rank estimate cannot be made for this model, or None."""
-    if layout.tp > 1 and TP_FAMILY_OF.get(getattr(config, "model_type", "")) is None:
-        return "the per-rank estimate for " + getattr(config, "model_type", "this model") + " under --tp"
-    return None
 
 
 @dataclass(frozen=True)
