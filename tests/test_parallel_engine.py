@@ -46,6 +46,8 @@ TWO_RANKS = {  # name: (model, knobs[, config changes])
                                FOUR_BLOCKS),
     # The head is tied to the embedding: the first and last stage add their gradients.
     "PP 2, GPT-2": ("tiny-gpt2", {"pp": 2, "microbatches": 2}, GPT2_NO_DROPOUT),
+    # Mistral attends within a window (8 tokens here, of 32): each stage must build that mask.
+    "PP 2, Mistral window": (str(REPO / "tests/models/tiny-mistral-window"), {"pp": 2, "microbatches": 2}),
 }
 FOUR_RANKS = {
     "DDP x 4": ("tiny-llama", {}),

@@ -66,15 +66,27 @@ class DecoderStage(nn.Module):
     def positions(hidden: torch.Tensor) -> torch.Tensor:
         return torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
 
-    def causal_mask(self, hidden: torch.Tensor, positions: torch.Tensor):
-        from transformers.masking_utils import create_causal_mask
+    def causal_mask(self, hidden: torch.Tensor, positions: torch.Tensor, kind: str = "full_attention"):
+        """The mask the model's own forward gives blocks of attention `kind` ("full_attention"
+        or "sliding_attention": Mistral's window, Qwen2's sliding layers)."""
+        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-        return create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=None,
-                                  past_key_values=None, position_ids=positions)
+        make = create_sliding_window_causal_mask if kind == "sliding_attention" else create_causal_mask
+        return make(config=self.config, inputs_embeds=hidden, attention_mask=None, past_key_values=None,
+                    position_ids=positions)
+
+    def attention_kind(self, block: int) -> str:
+        """Per block where the config lists layer types (Qwen2), else one kind for the model:
+        sliding where it sets a window (Mistral)."""
+        layer_types = getattr(self.config, "layer_types", None)
+        if layer_types:
+            return layer_types[block]
+        return "sliding_attention" if getattr(self.config, "sliding_window", None) is not None else "full_attention"
 
 
 class LlamaStage(DecoderStage):
-    """Llama, Mistral, Qwen2: rotary position embeddings computed on every stage."""
+    """Llama, Mistral, Qwen2: rotary position embeddings computed on every stage; each block
+    gets the mask of its attention kind (full or sliding window), as the model's forward does."""
 
     family = "llama"
 
@@ -85,10 +97,13 @@ class LlamaStage(DecoderStage):
     def forward(self, tokens_or_hidden: torch.Tensor) -> torch.Tensor:
         hidden = self.model.embed_tokens(tokens_or_hidden) if self.is_first else tokens_or_hidden
         positions = self.positions(hidden)
-        mask = self.causal_mask(hidden, positions)
+        masks = {}
         rotary = self.model.rotary_emb(hidden, position_ids=positions)
-        for layer in self.blocks():
-            hidden = layer(hidden, attention_mask=mask, position_embeddings=rotary, position_ids=positions)
+        for index, layer in self.get_submodule(self.parts.blocks).items():
+            kind = self.attention_kind(int(index))
+            if kind not in masks:
+                masks[kind] = self.causal_mask(hidden, positions, kind)
+            hidden = layer(hidden, attention_mask=masks[kind], position_embeddings=rotary, position_ids=positions)
         if self.is_last:
             return self.lm_head(self.model.norm(hidden))
         return hidden
