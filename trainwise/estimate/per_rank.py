@@ -6,11 +6,12 @@ Two parts, each from what really runs:
   the model is built on the meta device at the rank's shapes (tensor parallel divides the
   heads, key/value heads, MLP width and vocabulary, as the engine's DTensor plan splits
   them; a pipeline rank holds its stage's blocks, the embeddings on the first stage, the
-  final norm and head on the last, and a head tied to the embedding on both), then sharded as FSDP2 shards (dimension 0, rank 0
-  holding the rounded-up share) or ZeroRedundancyOptimizer partitions (whole parameters,
-  largest first, to the least loaded rank). The optimizer's states are created on fake
-  tensors of those shapes by the real optimizer, so Adafactor's factored and 8-bit Adam's
-  quantised states come out as they would.
+  final norm and head on the last, and a head tied to the embedding on both), then sharded
+  as FSDP2 shards (dimension 0, rank 0 holding the rounded-up share) or
+  ZeroRedundancyOptimizer partitions (whole parameters, largest first, to the least loaded
+  rank). The optimizer's states are created on fake tensors of those shapes by the real
+  optimizer, so Adafactor's factored and 8-bit Adam's quantised states come out as they
+  would.
 * **Activations and temporaries** come from the traced one-device step of the rank's
   workload: the same tensor-parallel shapes, the stage's blocks, the pipeline chunk
   (micro-batch / --microbatches) as batch; a pipeline stage holds the activations of as
@@ -42,9 +43,9 @@ from trainwise.estimate.extrapolate import block_count, with_blocks
 from trainwise.estimate.memory import MemoryEstimate
 from trainwise.plan.layout import Layout
 from trainwise.plan.partition import (FUSED_PROJECTIONS, PIPELINE_FAMILY_OF, PIPELINE_PARTS, TP_BLOCK_PLANS,
-                                      TP_FAMILY_OF, TP_LOCAL_SIZES, balanced_bounds, data_parallel_choice,
-                                      pipeline_microbatches, rank_stages, stage_chunks_in_flight, stages_per_rank,
-                                      zero_one_owner)
+                                      TP_FAMILY_OF, balanced_bounds, blocks_owner, data_parallel_choice,
+                                      divide_local_sizes, per_part_shape, pipeline_microbatches, rank_stages,
+                                      replace_submodule, stage_chunks_in_flight, stages_per_rank, zero_one_owner)
 from trainwise.plan.plan import Plan
 from trainwise.step.precision import precision_policy
 
@@ -141,16 +142,10 @@ def tensor_parallel_shapes(model: nn.Module, family: str, tp: int) -> None:
     """Rebuild `model`'s split projections at one rank's shapes, in place (meta tensors)."""
     blocks_path, plan = TP_BLOCK_PLANS[family]
     base = getattr(model, "get_base_model", lambda: model)()
-    core = next(m for _, m in base.named_modules() if _has_submodule(m, blocks_path))
-    for block in core.get_submodule(blocks_path):
+    for block in blocks_owner(base, blocks_path).get_submodule(blocks_path):
         for path, kind in plan.items():
-            owner, _, name = path.rpartition(".")
-            parent = block.get_submodule(owner) if owner else block
-            setattr(parent, name, _local_projection(getattr(parent, name), kind, tp))
-        for path in TP_LOCAL_SIZES.get(family, ()):
-            owner, _, name = path.rpartition(".")
-            module = block.get_submodule(owner)
-            setattr(module, name, getattr(module, name) // tp)
+            replace_submodule(block, path, _local_projection(block.get_submodule(path), kind, tp))
+        divide_local_sizes(block, family, tp)
 
 
 def _local_projection(module: nn.Module, kind: str, tp: int) -> nn.Module:
@@ -170,14 +165,6 @@ def _local_projection(module: nn.Module, kind: str, tp: int) -> nn.Module:
     for param, old in zip(local.parameters(), module.parameters()):
         param.requires_grad_(old.requires_grad)
     return local
-
-
-def _has_submodule(module: nn.Module, path: str) -> bool:
-    try:
-        module.get_submodule(path)
-        return True
-    except AttributeError:
-        return False
 
 
 def rank_plan(plan: Plan, layout: Layout) -> Plan:
@@ -269,7 +256,8 @@ def _embedding_backward_peak(model: RankModel, layout: Layout, view: RankView, s
     config = model.config  # the rank's: its vocabulary is the tp-th part
     if layout.tp == 1 or not view.has_embedding:
         return "backward", 0, {}
-    whole = config.vocab_size * layout.tp * config.hidden_size  # up to tp - 1 rows over, with an uneven vocabulary * traced_policy.param_dtype.itemsize
+    # Rank 0's rows times tp: up to tp - 1 rows over the whole vocabulary when it is uneven.
+    whole = config.vocab_size * layout.tp * config.hidden_size * traced_policy.param_dtype.itemsize
     held = round(activations * (view.chunks_in_flight - 1) / view.chunks_in_flight)
     live = {**{key: state[key] for key in STATE_KEYS}, "activations": held, "temporary": whole}
     return "backward", sum(live.values()), live
@@ -344,10 +332,9 @@ def _held_shape(name: str, shape: tuple[int, ...], fused: dict[str, int]) -> tup
     projection per part (engine/parallel/conv1d_parallel.py), which FSDP2 then shards on
     its first dimension (a bias [3, n] splits by rows, not by elements)."""
     for path, parts in fused.items():
-        if name.endswith(f".{path}.weight") and len(shape) == 2:
-            return (shape[0], parts, shape[1] // parts)
-        if name.endswith(f".{path}.bias") and len(shape) == 1:
-            return (parts, shape[0] // parts)
+        for kind, whole_dims in (("weight", 2), ("bias", 1)):
+            if name.endswith(f".{path}.{kind}") and len(shape) == whole_dims:
+                return per_part_shape(shape, parts, kind)
     return shape
 
 

@@ -78,6 +78,42 @@ def check_tensor_parallel(config, tp: int, sequence_parallel: bool = False) -> N
             raise InputError("--tp", f"must divide the model's {what} ({size}); got {tp}")
 
 
+def per_part_shape(shape: tuple[int, ...], parts: int, kind: str) -> tuple[int, ...]:
+    """The shape of a fused projection's weight ([in, out]) or bias ([out]) held per part:
+    [in, parts, out / parts] or [parts, out / parts]. Tensor parallel splits the last
+    dimension, so each rank holds the same slice of every part."""
+    if kind == "weight":
+        return (shape[0], parts, shape[1] // parts)
+    return (parts, shape[0] // parts)
+
+
+def blocks_owner(model, blocks_path: str):
+    """The module of `model` that owns `blocks_path` (heads wrap the core model under
+    various names), or None."""
+    for _, module in model.named_modules():
+        try:
+            module.get_submodule(blocks_path)
+            return module
+        except AttributeError:
+            continue
+    return None
+
+
+def replace_submodule(root, path: str, module) -> None:
+    """Put `module` at `path` (dotted) under `root`, in place of what is there."""
+    owner, _, name = path.rpartition(".")
+    setattr(root.get_submodule(owner) if owner else root, name, module)
+
+
+def divide_local_sizes(block, family: str, tp: int) -> None:
+    """Divide by tp the size attributes a block of `family` keeps for the heads a rank
+    computes (TP_LOCAL_SIZES), in place."""
+    for path in TP_LOCAL_SIZES.get(family, ()):
+        owner, _, name = path.rpartition(".")
+        module = block.get_submodule(owner)
+        setattr(module, name, getattr(module, name) // tp)
+
+
 def intermediate_size(config) -> int:
     """The MLP's hidden width (GPT-2 calls it n_inner, None meaning 4 x hidden)."""
     return getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * config.hidden_size

@@ -20,11 +20,11 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor, Replicate
 
+from trainwise.plan.partition import FUSED_PROJECTIONS, per_part_shape
+
 
 def fused_projections(model) -> dict[str, int]:
     """{module path inside a block: parts} for the model's architecture (empty if none)."""
-    from trainwise.plan.partition import FUSED_PROJECTIONS
-
     base = getattr(model, "get_base_model", lambda: model)()
     return FUSED_PROJECTIONS.get(getattr(getattr(base, "config", None), "model_type", None), {})
 
@@ -69,7 +69,7 @@ def _per_part(value, parts: int, kind: str):
     if parts == 1 or not isinstance(value, torch.Tensor):
         return value
     if kind == "weight" and value.dim() == 2:  # [in, out]
-        return value.view(value.size(0), parts, value.size(1) // parts)
+        return value.view(per_part_shape(value.shape, parts, kind))
     if kind == "bias" and value.dim() == 2:  # tensor parallel's [parts, out / parts]
         return value.full_tensor().reshape(-1)
     return value

@@ -27,6 +27,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
+from trainwise.plan.partition import per_part_shape
+
 
 class ShardedConv1D(nn.Module):
     """A Conv1D's weight and bias as DTensors split `kind`-wise ("colwise" | "rowwise");
@@ -39,7 +41,8 @@ class ShardedConv1D(nn.Module):
         weight, bias = conv.weight.detach(), conv.bias.detach()
         if kind == "colwise":
             if parts > 1:  # the view the rank slices are taken from
-                weight, bias = weight.view(weight.size(0), parts, -1), bias.view(parts, -1)
+                weight = weight.view(per_part_shape(weight.shape, parts, "weight"))
+                bias = bias.view(per_part_shape(bias.shape, parts, "bias"))
             placements = ([Shard(weight.dim() - 1)], [Shard(bias.dim() - 1)])
         elif kind == "rowwise":
             placements = ([Shard(0)], [Replicate()])

@@ -40,10 +40,10 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from trainwise.engine.checkpoint import (CHECKPOINTS, FORMAT, INFO_FILE, LATEST, STATE_FILE, TrainingState,
                                          _check_plan, _complete, _prune, _versions)
-from trainwise.engine.parallel.checkpoint_shapes import (fused_projections, to_checkpoint_shapes, to_model_shapes,
-                                                        to_transformers_shapes)
 from trainwise.engine.checkpoint_rng import rng_states, set_rng_states
 from trainwise.engine.checkpoint_weights import unwrap
+from trainwise.engine.parallel.checkpoint_shapes import (fused_projections, to_checkpoint_shapes, to_model_shapes,
+                                                        to_transformers_shapes)
 from trainwise.plan.atomic import atomic_directory, atomic_write_text
 from trainwise.plan.errors import InputError
 
@@ -152,10 +152,10 @@ def export_from_distributed(output, checkpoint: Path, setup) -> dict:
     final = Path(output) / "final"
     if setup.distributed.is_main:
         model = unwrap(_first_part(setup.model))
-        full = to_transformers_shapes(full, fused_projections(model))  # tensor parallel holds some per part
         if not hasattr(model, "save_pretrained") or setup.pipeline is not None:
             dist.barrier()
             return {}  # pipeline stages hold parts of the model: `trainwise export CHECKPOINT` writes it whole
+        full = to_transformers_shapes(full, fused_projections(model))  # tensor parallel holds some per part
         with atomic_directory(final) as tmp:
             model.save_pretrained(tmp, state_dict=full, safe_serialization=True)
     dist.barrier()
@@ -213,13 +213,12 @@ def _own_parameter_names(model: nn.Module, loaded: dict, own: list[dict]) -> lis
 
 
 def _checkpoint_names(setup, loading: bool):
-    stages = list(setup.model) if isinstance(setup.model, nn.ModuleList) else [setup.model]
+    prefixed = setup.pipeline is not None and len(setup.pipeline.stages) > 1  # a ModuleList: "0.", "1." first
     tied = {}
     if loading and setup.pipeline is not None:
         for stage in setup.pipeline.stages:
             if stage.is_last and stage.tied_weight() is not None:
                 tied[stage.parts.last[-1] + ".weight"] = stage.parts.first[0] + ".weight"
-    prefixed = len(stages) > 1
 
     def name(key: str) -> str:
         key = key.split(".", 1)[1] if prefixed else key

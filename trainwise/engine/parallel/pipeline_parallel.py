@@ -56,7 +56,7 @@ class PipelineRunner:
         their gradients, so the two ranks' optimizers make the same update."""
         for weight in self.tied_weights():
             grad = weight.grad
-            if grad is None:  # a rank that saw no tokens this step still takes part
+            if grad is None:  # no gradient reached this copy; the other rank still waits for this one
                 grad = weight.grad = torch.zeros_like(weight)
             all_reduce_in_place(grad.to_local() if isinstance(grad, DTensor) else grad, self._tied_group)
 
@@ -85,7 +85,8 @@ def build_pipeline(model: nn.Module, mesh: DeviceMesh, *, schedule: str, microba
     indices = rank_stages(rank, pp, schedule)
     stage = stage_class(base.config)
     modules = [stage(base, *bounds[i], is_first=i == 0, is_last=i == total - 1).to(device) for i in indices]
-    _drop_other_blocks(base.get_submodule(PIPELINE_PARTS[stage.family].blocks), {b for i in indices for b in range(*bounds[i])})
+    kept = {block for i in indices for block in range(*bounds[i])}
+    _drop_other_blocks(base.get_submodule(PIPELINE_PARTS[stage.family].blocks), kept)
     group = pp_mesh.get_group()
     stages = [PipelineStage(module, i, total, device, group=group) for module, i in zip(modules, indices)]
     loss_function = base.loss_function

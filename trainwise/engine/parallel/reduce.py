@@ -25,7 +25,7 @@ def plain_loss(loss: torch.Tensor) -> torch.Tensor:
 def mean_loss(local: torch.Tensor | None, distributed: Distributed) -> float:
     """The step's loss averaged over the ranks that computed one (pipeline ranks other
     than the last have none; tensor-parallel peers hold the same value)."""
-    device = _collective_device(distributed)
+    device = _collective_device()
     if local is None:
         pair = torch.zeros(2, device=device)
     else:  # (loss, 1) on the collective device: the loss may sit on another (a GPU under gloo)
@@ -38,7 +38,7 @@ def mean_loss(local: torch.Tensor | None, distributed: Distributed) -> float:
 def all_reduce_in_place(tensor: torch.Tensor, group) -> None:
     """Sum `tensor` over `group` where it lies (a host tensor under NCCL goes through the
     GPU: CPU offload keeps gradients in host memory)."""
-    device = _collective_device_of_group(group)
+    device = _collective_device(group)
     if tensor.device == device:
         dist.all_reduce(tensor, group=group)
         return
@@ -65,7 +65,7 @@ def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float, distri
         squares += norm.double().cpu() ** 2
     if distributed.layout.pp > 1:
         # Each stage holds different parameters: their squares add up.
-        squares = squares.to(_collective_device(distributed))
+        squares = squares.to(_collective_device())
         dist.all_reduce(squares, group=distributed.submesh("pp").get_group())
     total = math.sqrt(float(squares))
     coefficient = max_norm / (total + 1e-6)
@@ -80,7 +80,7 @@ def _offloaded_squares(group: list[DTensor], distributed: Distributed) -> torch.
     the GPUs', so DTensor's own norm would reduce host tensors over NCCL; the local squares
     are summed over the sharded mesh dimensions on the collective device instead."""
     local = torch.nn.utils.get_total_norm([g.to_local() for g in group], norm_type=2.0, foreach=True)
-    squares = local.double().reshape(()).to(_collective_device(distributed)) ** 2
+    squares = local.double().reshape(()).to(_collective_device()) ** 2
     mesh = group[0].device_mesh
     for dim, placement in enumerate(group[0].placements):
         if placement.is_shard() and mesh.size(dim) > 1:
@@ -99,11 +99,8 @@ def _groups(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
     return list(groups.values())
 
 
-def _collective_device(distributed: Distributed) -> torch.device:
-    return _collective_device_of_group(None)
-
-
-def _collective_device_of_group(group) -> torch.device:
+def _collective_device(group=None) -> torch.device:
+    """Where tensors must be for a collective over `group` (None: the default group)."""
     if dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

@@ -45,8 +45,8 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 
 from trainwise.plan.errors import InputError
 from trainwise.engine.parallel.conv1d_parallel import ShardedConv1D
-from trainwise.plan.partition import (FUSED_PROJECTIONS, TP_BLOCK_PLANS, TP_FAMILY_OF, TP_LOCAL_SIZES,
-                                      check_tensor_parallel)
+from trainwise.plan.partition import (FUSED_PROJECTIONS, TP_BLOCK_PLANS, TP_FAMILY_OF, blocks_owner,
+                                      check_tensor_parallel, divide_local_sizes, replace_submodule)
 
 _VOCAB_PARALLEL_MARK = "_trainwise_vocab_parallel_head"
 
@@ -58,7 +58,9 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
     check_tensor_parallel(config, tp_mesh.size(), sequence_parallel)
     family = TP_FAMILY_OF[config.model_type]
     blocks_path, block_plan = TP_BLOCK_PLANS[family]
-    core = _core(base, blocks_path)
+    core = blocks_owner(base, blocks_path)
+    if core is None:
+        raise InputError("--tp", f"{type(base).__name__} has no {blocks_path} to split")
     embedding = base.get_input_embeddings()
     head = base.get_output_embeddings()
     if sequence_parallel and head is None:  # the head gathers the slices; other heads pool over them
@@ -68,13 +70,11 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
         styles = {}
         for path, kind in block_plan.items():
             if _is_conv1d(block.get_submodule(path)):
-                _replace(block, path, ShardedConv1D(block.get_submodule(path), tp_mesh, kind, fused.get(path, 1)))
+                replace_submodule(block, path, ShardedConv1D(block.get_submodule(path), tp_mesh, kind,
+                                                             fused.get(path, 1)))
             else:
                 styles[path] = _style(kind, sequence_parallel)
-        for path in TP_LOCAL_SIZES.get(family, ()):
-            owner, _, name = path.rpartition(".")
-            module = block.get_submodule(owner)
-            setattr(module, name, getattr(module, name) // tp_mesh.size())
+        divide_local_sizes(block, family, tp_mesh.size())
         if sequence_parallel:
             styles.update(_SEQUENCE_PARALLEL_BLOCK)
         if styles:
@@ -133,26 +133,10 @@ def keep_embedding_gradient_sharded(model: nn.Module) -> None:
     param.register_hook(like_parameter)
 
 
-def _core(base: nn.Module, blocks_path: str) -> nn.Module:
-    """The module that owns `blocks_path` (heads wrap the core model under various names)."""
-    for _, module in base.named_modules():
-        try:
-            module.get_submodule(blocks_path)
-            return module
-        except AttributeError:
-            continue
-    raise InputError("--tp", f"{type(base).__name__} has no {blocks_path} to split")
-
-
 def _is_conv1d(module: nn.Module) -> bool:
     from transformers.pytorch_utils import Conv1D
 
     return isinstance(module, Conv1D)
-
-
-def _replace(block: nn.Module, path: str, module: nn.Module) -> None:
-    owner, _, name = path.rpartition(".")
-    setattr(block.get_submodule(owner) if owner else block, name, module)
 
 
 def _style(kind: str, sequence_parallel: bool = False):
