@@ -1,0 +1,32 @@
+"""Shared test fixtures.
+
+`fault_log`: how a reliability test records the fault or bad input it tried, for
+docs/reliability.md (see tests/fault_log.py). Tests that use it carry the `fault` marker.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fault_log import FaultLog
+
+_SESSION_LOG = FaultLog()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "fault: injects a fault or a bad input and records it for "
+                                       "docs/reliability.md (benchmarks/reliability_report.py)")
+
+
+@pytest.fixture
+def fault_log(request):
+    """`fault_log(kind=..., case=..., exit_code=..., message=..., lost=...)`: call after the
+    test's assertions, once per fault or bad input tried."""
+    def record(*, kind: str, case: str, exit_code: int | None, message: str, lost: int = 0) -> None:
+        _SESSION_LOG.add(request.node.nodeid, kind=kind, case=case, exit_code=exit_code, message=message,
+                         lost=lost)
+    return record
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _SESSION_LOG.write()
