@@ -136,17 +136,17 @@ def test_without_restarts_a_killed_rank_stops_the_job_promptly_naming_the_rank(t
 @pytest.mark.parametrize("args, expected", [
     (["--nproc", "2"], "trainwise: error: --max-restarts: needs --output DIR: a restarted job continues from "
                        "the checkpoints saved there"),
-    (["--output", "OUT"], "trainwise: error: --max-restarts: needs --nproc 2 or more (a single process is "
+    (["--output", "DIR"], "trainwise: error: --max-restarts: needs --nproc 2 or more (a single process is "
                           "not restarted; continue it with --resume)"),
 ], ids=["no output", "one process"])
 def test_max_restarts_is_refused_where_there_is_nothing_to_restart(tmp_path, capsys, fault_log, args, expected):
-    args = [str(tmp_path / "out") if a == "OUT" else a for a in args]
-    code = main(["train", "tiny-llama", "--device", "cpu", "--max-restarts", "1", *args])
+    given = [str(tmp_path / "out") if a == "DIR" else a for a in args]
+    code = main(["train", "tiny-llama", "--device", "cpu", "--max-restarts", "1", *given])
     message = capsys.readouterr().err.strip()
     assert code == 2 and message == expected
     assert not (tmp_path / "out").exists()
-    fault_log(kind="bad input", case=f"train --max-restarts 1 {' '.join(args[:1])}".replace(str(tmp_path), "DIR"),
-              exit_code=code, message=message, lost=0)
+    fault_log(kind="bad input", case=f"train tiny-llama --max-restarts 1 {' '.join(args)}", exit_code=code,
+              message=message, lost=0)
 
 
 def test_max_restarts_without_save_every_warns_that_a_restart_starts_over(tmp_path):

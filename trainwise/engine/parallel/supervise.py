@@ -49,7 +49,8 @@ class FailureWatcher:
         """The error line for a job that ended on a failure, or None when none was seen."""
         if not self.failures:
             return None
-        after = f" after {self.run.max_restarts} restarts" if self.run.max_restarts else ""
+        count = self.run.max_restarts
+        after = f" after {count} restart{'s' if count > 1 else ''}" if count else ""
         line = f"trainwise: error: {self.failures[-1]}{after}; the job stopped"
         checkpoint = latest_checkpoint_of(self.run)
         if checkpoint is not None:
