@@ -174,8 +174,8 @@ def test_a_restart_continues_only_from_a_checkpoint_of_this_job(tmp_path, monkey
     failure = "E1123 torch/distributed/elastic/multiprocessing/api.py] failed (exitcode: 1) local_rank: 0 (pid: 9)"
 
     assert run_for_this_attempt(run) == (run, None)
-    assert FailureWatcher(run, job_started).see(failure) == \
-        "trainwise: rank 0 failed (exit code 1); restart 1 of 2, starting over from step 0 (no checkpoint of this job yet)"
+    assert FailureWatcher(run, job_started).see(failure) == ("trainwise: rank 0 failed (exit code 1); restart 1 of 2, "
+                                                            "starting over from step 0 (no checkpoint of this job yet)")
     # An explicit --resume began from that checkpoint: a restart goes back to it.
     assert run_for_this_attempt(run.replace(resume=True))[0].resume
 
