@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 from trainwise.cli.flags import add_knob_flags, add_spec_flags, plan_from_args, typed_values
 from trainwise.engine.run_config import RunConfig
 
@@ -30,11 +33,10 @@ def register(commands) -> None:
 def run(args) -> int:
     from rich.console import Console
 
-    import os
-
     from trainwise.api.training import train
     from trainwise.engine.parallel.launch import launch_local, should_launch
     from trainwise.engine.parallel.mesh import stop_distributed
+    from trainwise.engine.parallel.restarts import check_restart_request
     from trainwise.models import resolve_model
     from trainwise.plan.layout import resolve_layout
     from trainwise.cli.render_train import StepProgress, render_header, render_summary
@@ -47,12 +49,16 @@ def run(args) -> int:
         chosen = {**from_file, **typed_values(args, plan.specs())}
         plan = plan.replace(**{k: v for k, v in DEMO_KNOBS.items() if k not in chosen})
     run_config = RunConfig.from_dict(typed_values(args, RunConfig.specs()))
+    warning = check_restart_request(run_config, plan.nproc)
     if should_launch(plan.nproc):
         # Bad input fails here, once, with exit 2, before any worker starts.
         layout = resolve_layout(plan, plan.nproc)
         spec = resolve_model(args.model or DEFAULT_MODEL, task=args.task, trust_remote_code=args.trust_remote_code)
         check_model_layout(spec.config, plan, layout)
-        return launch_local(plan.nproc, args.argv)
+        if warning:
+            print(warning, file=sys.stderr)
+        return launch_local(plan.nproc, args.argv, run_config)
+    run_config = _continue_after_restart(run_config)
     # With no --device anywhere, train on what is here (the Plan's default names CUDA).
     explicit = "device" in vars(args) or "device" in from_file
     console = Console(quiet=int(os.environ.get("RANK", "0")) != 0)  # rank 0 speaks for the job
@@ -66,3 +72,17 @@ def run(args) -> int:
         stop_distributed()
     render_summary(result, console)
     return 0
+
+
+def _continue_after_restart(run_config: RunConfig) -> RunConfig:
+    """A worker restarted by torchrun continues from this job's newest checkpoint. The
+    `trainwise train --nproc` launcher announces each restart; under a torchrun started by
+    hand, rank 0 does."""
+    from trainwise.engine.parallel.restarts import (MAX_RESTARTS, launched_by_trainwise, restart_attempt,
+                                                    restart_line, run_for_this_attempt)
+
+    continued, checkpoint = run_for_this_attempt(run_config)
+    if restart_attempt() and not launched_by_trainwise() and os.environ.get("RANK", "0") == "0":
+        print(restart_line(restart_attempt(), int(os.environ.get(MAX_RESTARTS, "0") or 0), checkpoint, None),
+              file=sys.stderr)
+    return continued

@@ -28,6 +28,8 @@ class RunConfig:
     output: str | None = knob(None, "directory for checkpoints and the final model", optional=True, kind=str)
     save_every: int = knob(0, "save a checkpoint every N steps (0: only at the end)", minimum=0)
     resume: bool = knob(False, "continue from the latest good checkpoint in --output")
+    max_restarts: int = knob(0, "with --nproc: restart the whole job up to N times when a process fails, "
+                                "continuing from the newest checkpoint in --output", minimum=0)
     seed: int = knob(0, "random seed (model init, data order, dropout)", minimum=0)
     metrics: str | None = knob(None, "write per-step metrics as JSON lines to this file", optional=True, kind=str)
     log_every: int = knob(1, "log metrics every N steps", minimum=1)

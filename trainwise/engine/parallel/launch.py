@@ -11,10 +11,11 @@ nodes, run torchrun directly on every node (trainwise then does not relaunch):
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 from trainwise.engine.parallel.mesh import under_torchrun
+from trainwise.engine.parallel.supervise import watch_job
+from trainwise.engine.run_config import RunConfig
 
 
 def should_launch(nproc: int) -> bool:
@@ -36,15 +37,22 @@ def without_nproc(argv: list[str]) -> list[str]:
     return kept
 
 
-def launch_local(nproc: int, argv: list[str]) -> int:
+def launch_local(nproc: int, argv: list[str], run: RunConfig | None = None) -> int:
     """Run `trainwise <argv>` on `nproc` local processes; the exit code of the job.
 
     One worker failing ends the others (torchrun's agent stops the group) and its
-    `trainwise: error: ...` line is on stderr; the job's exit code is then 1."""
+    `trainwise: error: ...` line is on stderr, then one line naming the rank; the job's
+    exit code is then 1. With `run.max_restarts` R, torchrun restarts the group up to R
+    times instead (see trainwise.engine.parallel.restarts)."""
+    run = run or RunConfig()
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-               "--nproc-per-node", str(nproc), "-m", "trainwise", *without_nproc(argv)]
+               "--nproc-per-node", str(nproc), "--max-restarts", str(run.max_restarts),
+               "-m", "trainwise", *without_nproc(argv)]
     # One OpenMP thread per worker unless the user chose: N workers share the cores.
     env = {**os.environ}
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    done = subprocess.run(command, env=env)
-    return done.returncode
+    if run.max_restarts:
+        # Else torchrun's agent shares one key-value store with every attempt's workers, and
+        # a restarted rank can read the address a dead rank of the failed attempt published.
+        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    return watch_job(command, env, run)
