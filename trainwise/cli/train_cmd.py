@@ -33,6 +33,7 @@ def run(args) -> int:
     import os
 
     from trainwise.api.training import train
+    from trainwise.engine.output_preflight import check_training_output, count_parameters_of
     from trainwise.engine.parallel.launch import launch_local, should_launch
     from trainwise.engine.parallel.mesh import stop_distributed
     from trainwise.models import resolve_model
@@ -52,6 +53,7 @@ def run(args) -> int:
         layout = resolve_layout(plan, plan.nproc)
         spec = resolve_model(args.model or DEFAULT_MODEL, task=args.task, trust_remote_code=args.trust_remote_code)
         check_model_layout(spec.config, plan, layout)
+        check_training_output(run_config.output, plan, run_config, count_parameters_of(spec))
         return launch_local(plan.nproc, args.argv)
     # With no --device anywhere, train on what is here (the Plan's default names CUDA).
     explicit = "device" in vars(args) or "device" in from_file
