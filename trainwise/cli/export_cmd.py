@@ -19,6 +19,6 @@ def run(args) -> int:
     from trainwise.api.export import export_checkpoint
 
     out = export_checkpoint(args.checkpoint, args.out)
-    print(f"wrote {out} (every tensor's name, shape and dtype read back and checked against config.json's model; "
+    print(f"wrote {out} (its tensors read back and checked against the model config.json describes; "
           "from_pretrained loads it)")
     return 0
