@@ -3,8 +3,10 @@ source, a directory write never replaces what trainwise did not write, a damaged
 is refused before anything is written, an export is read back before it is called loadable,
 and `train --output` / `bench --out` are checked before any model is built."""
 
+import contextlib
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -219,10 +221,12 @@ def test_atomic_directory_never_replaces_what_trainwise_did_not_write(tmp_path, 
     (theirs / "a").write_text("keep me too")
     link.symlink_to(theirs)
     before = tree_digest(tmp_path)
+    refusals = {}
     for path in (file, theirs, link):
-        with pytest.raises(InputError, match=str(path)):
+        with pytest.raises(InputError, match=str(path)) as refused:
             with atomic_directory(path) as tmp:
                 (tmp / "new").write_text("new")
+        refusals[path.name] = str(refused.value)
     assert tree_digest(tmp_path) == before and link.is_symlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "link", "theirs"]  # no temporary left
     with atomic_directory(tmp_path / "ours") as tmp:
@@ -230,9 +234,10 @@ def test_atomic_directory_never_replaces_what_trainwise_did_not_write(tmp_path, 
     with atomic_directory(tmp_path / "ours") as tmp:  # its own: replaced
         (tmp / "v").write_text("2")
     assert (tmp_path / "ours" / "v").read_text() == "2"
-    fault_log(kind="bad input", case="a directory write aimed at a file, a user's directory and a symlink",
-              exit_code=None, message="refused with InputError naming the path", lost=lost_files(before,
-                                                                                                 tree_digest(tmp_path)))
+    lost = lost_files(before, tree_digest(tmp_path))
+    for name, what in (("file", "a file"), ("theirs", "a directory of the user's"), ("link", "a symlink")):
+        fault_log(kind="bad input", case=f"a directory write (checkpoint, final/, export) aimed at {what}",
+                  exit_code=2, message="trainwise: error: " + refusals[name], lost=lost)
 
 
 # ---------------------------------------------------------------------------- preflight
@@ -259,37 +264,59 @@ def test_train_output_naming_a_file_is_refused_before_the_build(tmp_path, capsys
               lost=0)
 
 
+@contextlib.contextmanager
+def _small_filesystem(path: Path, options: str):
+    """A tmpfs mounted at `path` with `options` (True), or False where this process may not
+    mount (then `path` is a plain directory)."""
+    path.mkdir()
+    if shutil.which("mount") is None or subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+                                                       capture_output=True).returncode != 0:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        subprocess.run(["umount", str(path)], capture_output=True)
+
+
 @pytest.mark.fault
 def test_train_output_in_a_read_only_directory_is_refused(tmp_path, capsys, fault_log, monkeypatch):
     import trainwise.api.training as training
 
+    monkeypatch.setattr(training, "_build", _must_not_run)
     locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(0o555)
-    try:
-        if os.access(locked, os.W_OK):
-            pytest.skip("this process writes through a read-only mode (root): nothing to refuse")
-        monkeypatch.setattr(training, "_build", _must_not_run)
-        line = _quick_refusal([*TRAIN, "--output", str(locked / "run")], capsys, "--output")
-        assert "read-only" in line and not os.listdir(locked)
-    finally:
-        locked.chmod(0o755)
-    fault_log(kind="bad input", case="train --output inside a read-only directory", exit_code=2, message=line,
-              lost=0)
+    with _small_filesystem(locked, "ro,size=1m") as mounted:
+        how = "a read-only filesystem" if mounted else "a directory of mode 0555"
+        if not mounted:
+            locked.chmod(0o555)
+        try:
+            if os.access(locked, os.W_OK):
+                pytest.skip("cannot mount here and this process writes through a read-only mode (root)")
+            line = _quick_refusal([*TRAIN, "--output", str(locked / "run")], capsys, "--output")
+            assert "read-only" in line and not os.listdir(locked)
+        finally:
+            if not mounted:
+                locked.chmod(0o755)
+    fault_log(kind="bad input", case=f"train --output inside {how}", exit_code=2, message=line, lost=0)
 
 
 @pytest.mark.fault
 def test_train_output_without_room_is_refused_with_the_numbers(tmp_path, capsys, fault_log, monkeypatch):
     import trainwise.api.training as training
-    import trainwise.engine.output_preflight as preflight
 
     monkeypatch.setattr(training, "_build", _must_not_run)
-    full = shutil.disk_usage(tmp_path)._replace(free=1024**2)
-    monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: full)
-    line = _quick_refusal([*TRAIN, "--output", str(tmp_path / "run")], capsys, "--output")
-    assert "need " in line and "1.0 MiB free" in line and not (tmp_path / "run").exists()
-    fault_log(kind="fault", case="train --output on a filesystem with 1 MiB free (disk_usage patched)",
-              exit_code=2, message=line, lost=0)
+    small = tmp_path / "small"
+    with _small_filesystem(small, "size=1m") as mounted:
+        if not mounted:  # a filesystem that reports 1 MiB free
+            import trainwise.engine.output_preflight as preflight
+
+            full = shutil.disk_usage(tmp_path)._replace(free=1024**2)
+            monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: full)
+        line = _quick_refusal([*TRAIN, "--output", str(small / "run")], capsys, "--output")
+        assert "need " in line and "1.0 MiB free" in line and not os.listdir(small)
+    how = "a 1 MiB tmpfs" if mounted else "a filesystem with 1 MiB free (disk_usage patched)"
+    fault_log(kind="fault", case=f"train --output on {how}; the tiny model needs about 20 MiB", exit_code=2,
+              message=line, lost=0)
 
 
 def test_the_room_a_run_needs_follows_the_plan():

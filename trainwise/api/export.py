@@ -74,11 +74,16 @@ def _check_apart(out: Path, sources: list[Path]) -> None:
     """Writing `out` must not touch the checkpoint or its run: refuse an `out` that is,
     contains or lies inside either (real paths, so symlinks count as what they name)."""
     target = out.resolve()
+    overlaps = []
     for source in sources:
         real = source.resolve()
-        if target == real or target.is_relative_to(real) or real.is_relative_to(target):
-            raise InputError("--out", f"{out} is, contains or lies inside the source {source}; export to a "
-                                      "directory outside it")
+        relation = ("is" if target == real else "lies inside" if target.is_relative_to(real)
+                    else "contains" if real.is_relative_to(target) else None)
+        if relation:
+            overlaps.append((relation != "is", relation, source))  # "is" says it most plainly
+    if overlaps:
+        _, relation, source = min(overlaps, key=lambda overlap: overlap[0])
+        raise InputError("--out", f"{out} {relation} the source {source}; export to a directory outside it")
     for folder in (target, *target.parents):
         if (folder / "trainwise.json").is_file() or (folder.name == "checkpoints" and (folder / "latest").is_file()):
             raise InputError("--out", f"{out} is or lies inside a run's checkpoints ({folder}); export to a "
@@ -127,7 +132,8 @@ def _check_written(folder: Path, out: Path, model, dtype) -> None:
     try:
         check_safetensors_files(folder, model, dtype)
     except ValueError as err:  # a failed write: not the user's doing, so not exit 2
-        raise RuntimeError(f"the export to {out} did not read back ({err}); {out} was left as it was") from err
+        reason = str(err).replace(str(folder), str(out))  # the temporary name means nothing to the user
+        raise RuntimeError(f"the export to {out} did not read back ({reason}); {out} was left as it was") from err
 
 
 def _from_distributed(checkpoint: Path, target: Path) -> None:
