@@ -22,6 +22,7 @@ from trainwise.bench.markdown import results_markdown
 from trainwise.bench.results import load_results, save_results
 from trainwise.bench.rows import empty_row, row_plan
 from trainwise.bench.runner import RowJob, run_row
+from trainwise.engine.output_preflight import BENCH_RESULTS_BYTES, check_output_directory
 from trainwise.hardware import resolve_device
 from trainwise.plan.atomic import atomic_write_text
 from trainwise.plan.errors import InputError
@@ -56,6 +57,7 @@ def bench(model: str | None = None, ladder: str | None = None, *, steps: int = 1
                                     f"memory-profiled last step are left out of the rates (got {steps})")
     if device is not None:
         resolve_device(device)  # an unknown GPU name is bad input, not a row to skip
+    check_output_directory("--out", out, BENCH_RESULTS_BYTES)  # before the first row, not after it
     device_type = _device_type(device)
     ladder = ladder or DEFAULT_LADDERS[device_type]
     default_name, default_knobs = DEFAULT_MODELS[device_type]

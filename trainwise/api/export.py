@@ -3,7 +3,10 @@ directory that `from_pretrained` loads, with no process group and on one CPU.
 
 A distributed checkpoint (torch.distributed.checkpoint shards from any layout) is read
 into a model built from the config saved beside it; a one-device checkpoint already is a
-Hugging Face directory and is copied. Written atomically."""
+Hugging Face directory and is copied. Before anything is written, the source is checked
+(every file it needs is there and whole) and the destination must lie outside it; the
+written files' headers are read back and matched against the model built from
+config.json before the directory is put in place (atomically: trainwise.plan.atomic)."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import warnings
 from pathlib import Path
 
 from trainwise.engine.checkpoint_weights import quiet_progress_bars
-from trainwise.plan.atomic import atomic_directory
+from trainwise.plan.atomic import atomic_directory, check_replaceable
 from trainwise.plan.errors import InputError
 
 _HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json")
@@ -23,7 +26,8 @@ def export_checkpoint(checkpoint, out) -> Path:
     """Export `checkpoint` (a checkpoint directory, the `latest` pointer beside it, the
     checkpoints directory or the run's --output: the latter three mean the newest complete
     one) to the Hugging Face directory `out`."""
-    checkpoint, out = _resolve(Path(checkpoint)), Path(out)
+    given, out = Path(checkpoint), Path(out)
+    checkpoint = _resolve(given)
     info_file = checkpoint / "trainwise.json"
     if not info_file.is_file():
         raise InputError("CHECKPOINT", f"{checkpoint} is not a trainwise checkpoint (no trainwise.json); pass a "
@@ -31,26 +35,105 @@ def export_checkpoint(checkpoint, out) -> Path:
     info = json.loads(info_file.read_text())
     if (info.get("plan") or {}).get("lora_rank"):
         raise InputError("CHECKPOINT", "LoRA checkpoints: use the run's final/ and final-adapter/ exports")
-    with atomic_directory(out) as tmp:
-        if (checkpoint / "dcp").is_dir():
+    _check_apart(out, [checkpoint, _run_directory(given)])
+    check_replaceable(out, "--out")
+    model, dtype = _model_from_config(checkpoint)
+    distributed = (checkpoint / "dcp").is_dir()
+    _check_source(checkpoint, model, dtype, distributed)
+    with atomic_directory(out, "--out") as tmp:
+        if distributed:
             _from_distributed(checkpoint, tmp)
         else:
             _copy_hf_files(checkpoint, tmp)
+        _check_written(tmp, out, model, dtype)
     return out
 
 
 def _resolve(path: Path) -> Path:
-    from trainwise.engine.checkpoint import CHECKPOINTS, LATEST, latest_checkpoint
+    from trainwise.engine.checkpoint import latest_checkpoint
 
     if (path / "trainwise.json").is_file():
         return path
+    return latest_checkpoint(_run_directory(path)) or path
+
+
+def _run_directory(path: Path) -> Path:
+    """The run's --output that CHECKPOINT names or lies in (itself when it is neither)."""
+    from trainwise.engine.checkpoint import CHECKPOINTS, LATEST
+
     if path.name == LATEST and path.is_file():
-        output = path.parent.parent
-    elif path.name == CHECKPOINTS and path.is_dir():
-        output = path.parent
-    else:
-        output = path
-    return latest_checkpoint(output) or path
+        return path.parent.parent
+    if path.name == CHECKPOINTS and path.is_dir():
+        return path.parent
+    if path.parent.name == CHECKPOINTS and (path / "trainwise.json").is_file():
+        return path.parent.parent
+    return path
+
+
+def _check_apart(out: Path, sources: list[Path]) -> None:
+    """Writing `out` must not touch the checkpoint or its run: refuse an `out` that is,
+    contains or lies inside either (real paths, so symlinks count as what they name)."""
+    target = out.resolve()
+    overlaps = []
+    for source in sources:
+        real = source.resolve()
+        relation = ("is" if target == real else "lies inside" if target.is_relative_to(real)
+                    else "contains" if real.is_relative_to(target) else None)
+        if relation:
+            overlaps.append((relation != "is", relation, source))  # "is" says it most plainly
+    if overlaps:
+        _, relation, source = min(overlaps, key=lambda overlap: overlap[0])
+        raise InputError("--out", f"{out} {relation} the source {source}; export to a directory outside it")
+    for folder in (target, *target.parents):
+        if (folder / "trainwise.json").is_file() or (folder.name == "checkpoints" and (folder / "latest").is_file()):
+            raise InputError("--out", f"{out} is or lies inside a run's checkpoints ({folder}); export to a "
+                                      "directory outside it")
+
+
+def _model_from_config(checkpoint: Path):
+    """The model config.json describes, on the meta device (no memory, no initialisation),
+    and the dtype config.json names."""
+    import torch
+    import transformers
+
+    config_file = checkpoint / "config.json"
+    if not config_file.is_file():
+        raise InputError("CHECKPOINT", f"{checkpoint} has no config.json: it holds a model that is not a "
+                                       "transformers model, export it from the training code")
+    try:
+        config = transformers.AutoConfig.from_pretrained(checkpoint)
+    except Exception as err:  # noqa: BLE001 - transformers raises many kinds for a bad config
+        raise InputError("CHECKPOINT", f"{config_file} cannot be read: {_first_line(err)}") from err
+    architecture = (config.architectures or [None])[0]
+    model_class = getattr(transformers, architecture or "", None)
+    if model_class is None:
+        raise InputError("CHECKPOINT", f"config.json names no transformers architecture ({architecture!r})")
+    dtype = getattr(config, "dtype", None)
+    with torch.device("meta"):
+        model = model_class._from_config(config, dtype=dtype if isinstance(dtype, torch.dtype) else None)
+    return model, dtype if isinstance(dtype, torch.dtype) else None
+
+
+def _check_source(checkpoint: Path, model, dtype, distributed: bool) -> None:
+    from trainwise.engine.export_check import check_dcp_files, check_safetensors_files
+
+    try:
+        if distributed:
+            check_dcp_files(checkpoint / "dcp")
+        else:
+            check_safetensors_files(checkpoint, model, dtype)
+    except ValueError as err:
+        raise InputError("CHECKPOINT", f"{err}; nothing was written") from err
+
+
+def _check_written(folder: Path, out: Path, model, dtype) -> None:
+    from trainwise.engine.export_check import check_safetensors_files
+
+    try:
+        check_safetensors_files(folder, model, dtype)
+    except ValueError as err:  # a failed write: not the user's doing, so not exit 2
+        reason = str(err).replace(str(folder), str(out))  # the temporary name means nothing to the user
+        raise RuntimeError(f"the export to {out} did not read back ({reason}); {out} was left as it was") from err
 
 
 def _from_distributed(checkpoint: Path, target: Path) -> None:
@@ -60,23 +143,19 @@ def _from_distributed(checkpoint: Path, target: Path) -> None:
 
     from trainwise.engine.parallel.checkpoint_shapes import fused_projections, to_checkpoint_shapes, to_model_shapes
 
-    config_file = checkpoint / "config.json"
-    if not config_file.is_file():
-        raise InputError("CHECKPOINT", f"{checkpoint} has no config.json: it holds a model that is not a "
-                                       "transformers model, export it from the training code")
     config = transformers.AutoConfig.from_pretrained(checkpoint)
-    architecture = (config.architectures or [None])[0]
-    model_class = getattr(transformers, architecture or "", None)
-    if model_class is None:
-        raise InputError("CHECKPOINT", f"config.json names no transformers architecture ({architecture!r})")
-    model = model_class._from_config(config)
+    model = getattr(transformers, config.architectures[0])._from_config(config)
     own = model.state_dict()
     state = {"model": to_checkpoint_shapes(own, fused_projections(model))}
     with warnings.catch_warnings(), quiet_progress_bars():
         warnings.filterwarnings("ignore", message=".*load in a single process.*")  # it is meant to be
         # Tied weights are saved under one name: the other is re-tied after loading.
-        dcp.load(state, checkpoint_id=str(checkpoint / "dcp"), planner=DefaultLoadPlanner(allow_partial_load=True),
-                 no_dist=True)
+        try:
+            dcp.load(state, checkpoint_id=str(checkpoint / "dcp"),
+                     planner=DefaultLoadPlanner(allow_partial_load=True), no_dist=True)
+        except Exception as err:  # noqa: BLE001 - a shard damaged inside its byte ranges
+            raise InputError("CHECKPOINT", f"{checkpoint / 'dcp'} cannot be read ({_first_line(err)}); nothing "
+                                           "was written") from err
         model.load_state_dict(to_model_shapes(state["model"], own))
         model.tie_weights()
         model.save_pretrained(target, safe_serialization=True)
@@ -88,3 +167,7 @@ def _copy_hf_files(checkpoint: Path, target: Path) -> None:
         raise InputError("CHECKPOINT", f"{checkpoint} holds no Hugging Face model files")
     for name in names:
         shutil.copy2(checkpoint / name, target / name)
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]

@@ -23,6 +23,7 @@ from trainwise.api.estimate import estimate
 from trainwise.api.oom_advice import oom_message
 from trainwise.engine.data import build_data
 from trainwise.engine.flops import count_training_flops, peak_flops_for
+from trainwise.engine.output_preflight import check_training_output, count_parameters_of
 from trainwise.engine.parallel.consistency import check_same_settings, settings_of
 from trainwise.engine.parallel.mesh import Distributed, start_distributed
 from trainwise.engine.run import RunOutcome, StepLog, run_training
@@ -82,6 +83,8 @@ def train(model: str | ModelSpec | nn.Module = "tiny-llama", data: str | Iterabl
     # The same seed on every rank: replicas start equal, and shards are cut from one model.
     seed_everything(run.seed, run.deterministic)
     spec = _spec(model, task, trust_remote_code)
+    if run.output and distributed.is_main:  # before the build: a run that cannot save is not started
+        check_training_output(run.output, plan, run, count_parameters_of(spec or model))
     notes: list[str] = []
     # A model about to be sharded or cut into stages is built in host memory: each rank
     # then holds only its shards or stages on the device (so ZeRO-3 and pipelines train

@@ -8,7 +8,9 @@ def register(commands) -> None:
                                                 "directory that from_pretrained loads")
     parser.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint directory, e.g. "
                                                                  "OUTPUT/checkpoints/step-00000100")
-    parser.add_argument("--out", required=True, help="directory to write (replaced atomically)")
+    parser.add_argument("--out", required=True, help="directory to write, outside the checkpoint's run (replaced "
+                                                      "atomically if trainwise wrote it before; anything else "
+                                                      "there is refused)")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     parser.set_defaults(run=run)
 
@@ -17,5 +19,6 @@ def run(args) -> int:
     from trainwise.api.export import export_checkpoint
 
     out = export_checkpoint(args.checkpoint, args.out)
-    print(f"wrote {out} (from_pretrained loads it)")
+    print(f"wrote {out} (its tensors read back and checked against the model config.json describes; "
+          "from_pretrained loads it)")
     return 0

@@ -34,6 +34,7 @@ def run(args) -> int:
     from rich.console import Console
 
     from trainwise.api.training import train
+    from trainwise.engine.output_preflight import check_training_output, count_parameters_of
     from trainwise.engine.parallel.launch import launch_local, should_launch
     from trainwise.engine.parallel.mesh import stop_distributed
     from trainwise.engine.parallel.restarts import check_restart_request
@@ -55,6 +56,7 @@ def run(args) -> int:
         layout = resolve_layout(plan, plan.nproc)
         spec = resolve_model(args.model or DEFAULT_MODEL, task=args.task, trust_remote_code=args.trust_remote_code)
         check_model_layout(spec.config, plan, layout)
+        check_training_output(run_config.output, plan, run_config, count_parameters_of(spec))
         if warning:
             print(warning, file=sys.stderr)
         return launch_local(plan.nproc, args.argv, run_config)
