@@ -19,6 +19,7 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
+from trainwise.api.compatibility import check_request
 from trainwise.api.estimate import estimate
 from trainwise.api.oom_advice import oom_message
 from trainwise.engine.data import build_data
@@ -71,6 +72,8 @@ def train(model: str | ModelSpec | nn.Module = "tiny-llama", data: str | Iterabl
     device = runtime_device(plan.device, explicit=device_explicit)
     if plan.device != device.type and not device_explicit:
         plan = plan.replace(device=device.type)
+    spec = _spec(model, task, trust_remote_code)
+    plan, notes = check_train_request(plan, device, spec)  # before any process group or model
     distributed = start_distributed(plan, device.type)
     if distributed.mesh is not None:
         check_layout_combination(plan, distributed.layout)  # before any model is built
@@ -81,8 +84,6 @@ def train(model: str | ModelSpec | nn.Module = "tiny-llama", data: str | Iterabl
             run = run.replace(metrics=None)
     # The same seed on every rank: replicas start equal, and shards are cut from one model.
     seed_everything(run.seed, run.deterministic)
-    spec = _spec(model, task, trust_remote_code)
-    notes: list[str] = []
     # A model about to be sharded or cut into stages is built in host memory: each rank
     # then holds only its shards or stages on the device (so ZeRO-3 and pipelines train
     # models one device cannot hold whole).
@@ -117,6 +118,12 @@ def train(model: str | ModelSpec | nn.Module = "tiny-llama", data: str | Iterabl
     if result.predicted:
         result.summary["predicted"] = result.predicted
     return result
+
+
+def check_train_request(plan: Plan, device: torch.device, spec: ModelSpec | None) -> tuple[Plan, list[str]]:
+    """The shared refusals (trainwise/api/compatibility.py) for a run on `device`, here:
+    (the plan with `--attention auto` resolved, notes saying what was picked)."""
+    return check_request(plan, resolve_device(_estimate_device_name(device)), spec, here=True)
 
 
 def _spec(model, task: str | None, trust_remote_code: bool) -> ModelSpec | None:

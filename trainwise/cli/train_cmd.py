@@ -32,7 +32,8 @@ def run(args) -> int:
 
     import os
 
-    from trainwise.api.training import train
+    from trainwise.api.training import check_train_request, train
+    from trainwise.engine.runtime import runtime_device
     from trainwise.engine.parallel.launch import launch_local, should_launch
     from trainwise.engine.parallel.mesh import stop_distributed
     from trainwise.models import resolve_model
@@ -47,14 +48,15 @@ def run(args) -> int:
         chosen = {**from_file, **typed_values(args, plan.specs())}
         plan = plan.replace(**{k: v for k, v in DEMO_KNOBS.items() if k not in chosen})
     run_config = RunConfig.from_dict(typed_values(args, RunConfig.specs()))
+    # With no --device anywhere, train on what is here (the Plan's default names CUDA).
+    explicit = "device" in vars(args) or "device" in from_file
     if should_launch(plan.nproc):
         # Bad input fails here, once, with exit 2, before any worker starts.
         layout = resolve_layout(plan, plan.nproc)
         spec = resolve_model(args.model or DEFAULT_MODEL, task=args.task, trust_remote_code=args.trust_remote_code)
+        check_train_request(plan, runtime_device(plan.device, explicit=explicit), spec)
         check_model_layout(spec.config, plan, layout)
         return launch_local(plan.nproc, args.argv)
-    # With no --device anywhere, train on what is here (the Plan's default names CUDA).
-    explicit = "device" in vars(args) or "device" in from_file
     console = Console(quiet=int(os.environ.get("RANK", "0")) != 0)  # rank 0 speaks for the job
     progress = StepProgress(console, run_config.steps)
     try:
