@@ -28,7 +28,7 @@ from trainwise.engine.parallel.consistency import check_same_settings, settings_
 from trainwise.engine.parallel.mesh import Distributed, start_distributed
 from trainwise.engine.run import RunOutcome, StepLog, run_training
 from trainwise.engine.run_config import RunConfig
-from trainwise.engine.runtime import runtime_device, seed_everything
+from trainwise.engine.runtime import refusal_of_nondeterminism, runtime_device, seed_everything
 from trainwise.engine.setup import apply_plan
 from trainwise.hardware import resolve_device
 from trainwise.models import ModelSpec, build_model_with_notes, check_seq_len, example_batch, resolve_model
@@ -113,6 +113,11 @@ def train(model: str | ModelSpec | nn.Module = "tiny-llama", data: str | Iterabl
         if device.type == "cuda":
             torch.cuda.empty_cache()
         raise OutOfMemory(oom_message(spec, plan, capacity, step_seen["step"])) from None
+    except RuntimeError as err:
+        refusal = refusal_of_nondeterminism(err, run.deterministic)
+        if refusal is None:
+            raise
+        raise refusal from None
     result.outcome, result.summary = outcome, dict(outcome.summary)
     result.summary["mfu_peak"] = result.mfu_peak
     if result.predicted:
