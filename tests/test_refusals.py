@@ -43,6 +43,11 @@ def nothing_built(monkeypatch):
         monkeypatch.setattr(module, name, built)
 
 
+def _readable(message: str, tmp_path) -> str:
+    """The message as the record shows it: the test's temporary folder as DIR."""
+    return message.replace(str(tmp_path), "DIR")
+
+
 def _refused(capsys, argv, field, tmp_path) -> str:
     """Run the CLI; assert exit 2, one stderr line naming `field`, no output written."""
     code = main(argv)
@@ -65,7 +70,7 @@ def test_a_request_cpu_cannot_honour_is_refused_alike_by_every_command(command, 
                                                                         nothing_built, fault_log):
     message = _refused(capsys, _argv(command, "tiny-llama", tmp_path, *flags), field, tmp_path)
     fault_log(kind="bad input", case=f"{command} tiny-llama --device cpu {' '.join(flags)}", exit_code=2,
-              message=message, lost=0)
+              message=_readable(message, tmp_path), lost=0)
 
 
 @pytest.mark.fault
@@ -143,7 +148,7 @@ def test_bench_resume_refuses_a_corrupt_results_file_and_leaves_it(content, tmp_
     assert code == 2 and len(err) == 1 and str(out / "results.json") in err[0] and "--resume" in err[0]
     assert lost == 0 and sorted(p.name for p in out.iterdir()) == ["results.json"]
     fault_log(kind="bad input", case=f"bench --resume with results.json holding {content[:20]!r}", exit_code=2,
-              message=err[0], lost=lost)
+              message=_readable(err[0], tmp_path), lost=lost)
 
 
 @pytest.mark.fault
@@ -153,7 +158,8 @@ def test_out_of_memory_advice_suggests_only_what_runs_here(monkeypatch, fault_lo
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "bitsandbytes" else real(name, *args))
     spec = resolve_model("tiny-llama")
     plan = Plan(device="A100-80GB", batch_size=1, seq_len=64, grad_ckpt=True, precision="bf16")
     eight_bit = estimate_module.estimate(spec, plan.replace(optim="adamw-8bit")).memory.device_total
@@ -194,7 +200,7 @@ def test_a_config_json_with_a_bad_field_is_one_line_naming_it(command, field, va
     message = _refused(capsys, _argv(command, model, tmp_path), f"{model}/config.json", tmp_path)
     assert says in message and (field in message or field == "num_attention_heads")
     fault_log(kind="bad input", case=f"{command} on a config.json with {field}: {value!r}", exit_code=2,
-              message=message, lost=0)
+              message=_readable(message, tmp_path), lost=0)
 
 
 def needs_a_size(model_size, batch_size=2):
@@ -235,4 +241,4 @@ def test_a_model_of_an_unsupported_task_is_refused_with_the_supported_ones(comma
     message = _refused(capsys, _argv(command, _directory(tmp_path, built), tmp_path), "MODEL", tmp_path)
     assert f"a {built.model_type} model" in message and "causal-lm, seq-cls, seq2seq, masked-lm" in message
     fault_log(kind="bad input", case=f"{command} on a tiny {built.model_type} config directory", exit_code=2,
-              message=message, lost=0)
+              message=_readable(message, tmp_path), lost=0)
