@@ -19,12 +19,13 @@ from trainwise.plan.plan import Plan
 
 
 def check_request(plan: Plan, device: Device, spec: ModelSpec | None = None, *,
-                  here: bool) -> tuple[Plan, list[str]]:
+                  here: bool, world_size: int | None = None) -> tuple[Plan, list[str]]:
     """(the plan with `--attention auto` resolved, notes saying what was picked), or
     InputError for the first rule the request breaks. `here`: the plan runs on this
     machine (train, bench), so its packages and GPUs must be present; `estimate` predicts
-    for a device that may be elsewhere."""
-    check_combinations(plan)
+    for a device that may be elsewhere. `world_size`: the processes a launched run has
+    (default: what the plan names)."""
+    check_combinations(plan, world_size)
     check_device_support(plan, device)
     if here:
         check_installation(plan, device.kind)

@@ -25,7 +25,7 @@ from trainwise.api.oom_advice import oom_message
 from trainwise.engine.data import build_data
 from trainwise.engine.flops import count_training_flops, peak_flops_for
 from trainwise.engine.parallel.consistency import check_same_settings, settings_of
-from trainwise.engine.parallel.mesh import Distributed, start_distributed
+from trainwise.engine.parallel.mesh import Distributed, launched_world_size, start_distributed
 from trainwise.engine.run import RunOutcome, StepLog, run_training
 from trainwise.engine.run_config import RunConfig
 from trainwise.engine.runtime import refusal_of_nondeterminism, runtime_device, seed_everything
@@ -73,7 +73,7 @@ def train(model: str | ModelSpec | nn.Module = "tiny-llama", data: str | Iterabl
     if plan.device != device.type and not device_explicit:
         plan = plan.replace(device=device.type)
     spec = _spec(model, task, trust_remote_code)
-    plan, notes = check_train_request(plan, device, spec)  # before any process group or model
+    plan, notes = check_train_request(plan, device, spec, launched_world_size())  # before any process group or model
     distributed = start_distributed(plan, device.type)
     if distributed.mesh is not None:
         check_layout_combination(plan, distributed.layout)  # before any model is built
@@ -125,10 +125,13 @@ def train(model: str | ModelSpec | nn.Module = "tiny-llama", data: str | Iterabl
     return result
 
 
-def check_train_request(plan: Plan, device: torch.device, spec: ModelSpec | None) -> tuple[Plan, list[str]]:
-    """The shared refusals (trainwise/api/compatibility.py) for a run on `device`, here:
-    (the plan with `--attention auto` resolved, notes saying what was picked)."""
-    return check_request(plan, resolve_device(_estimate_device_name(device)), spec, here=True)
+def check_train_request(plan: Plan, device: torch.device, spec: ModelSpec | None,
+                        world_size: int) -> tuple[Plan, list[str]]:
+    """The shared refusals (trainwise/api/compatibility.py) for a run of `world_size`
+    processes on `device`, here: (the plan with `--attention auto` resolved, notes saying
+    what was picked)."""
+    return check_request(plan, resolve_device(_estimate_device_name(device)), spec, here=True,
+                         world_size=world_size)
 
 
 def _spec(model, task: str | None, trust_remote_code: bool) -> ModelSpec | None:

@@ -54,7 +54,7 @@ def run(args) -> int:
         # Bad input fails here, once, with exit 2, before any worker starts.
         layout = resolve_layout(plan, plan.nproc)
         spec = resolve_model(args.model or DEFAULT_MODEL, task=args.task, trust_remote_code=args.trust_remote_code)
-        check_train_request(plan, runtime_device(plan.device, explicit=explicit), spec)
+        check_train_request(plan, runtime_device(plan.device, explicit=explicit), spec, plan.nproc)
         check_model_layout(spec.config, plan, layout)
         return launch_local(plan.nproc, args.argv)
     console = Console(quiet=int(os.environ.get("RANK", "0")) != 0)  # rank 0 speaks for the job

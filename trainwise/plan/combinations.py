@@ -11,10 +11,11 @@ from trainwise.plan.layout import Layout, resolve_layout
 from trainwise.plan.partition import check_layout_combination
 
 
-def check_combinations(plan) -> Layout:
-    """The plan's Layout; InputError naming the flag when its knobs contradict each other
-    (`--sequence-parallel` without `--tp`, `--classic` with a multi-process layout, ...)."""
-    layout = resolve_layout(plan)
+def check_combinations(plan, world_size: int | None = None) -> Layout:
+    """The plan's Layout on `world_size` processes (default: the plan's own, as
+    `resolve_layout` reads it); InputError naming the flag when its knobs contradict each
+    other (`--sequence-parallel` without `--tp`, `--classic` with a multi-process layout, ...)."""
+    layout = resolve_layout(plan, world_size)
     check_layout_combination(plan, layout)
     if plan.classic != "none" and plan.is_distributed:
         raise InputError("--classic", "is a one-process layout; drop --nproc/--dp/--fsdp/--zero/--tp/--pp")
