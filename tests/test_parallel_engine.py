@@ -13,6 +13,7 @@ import pytest
 from distributed_launch import REPO, launch
 from trainwise.api.training import train
 from trainwise.engine.run_config import RunConfig
+from trainwise.plan.errors import InputError
 from trainwise.plan.plan import Plan
 
 STEPS = 5
@@ -185,16 +186,14 @@ def test_cli_bad_layout_is_one_line_exit_2():
 
 
 @pytest.mark.parametrize("classic", ["data-parallel", "vertical"])
-def test_classic_layouts_run_and_match_on_one_device(classic):
-    """On a CPU both classic layouts have one device to use, so they must give exactly the
-    plain run's losses (what they add on several GPUs is placement, checked below)."""
-    knobs = {**BASE, "device": "cpu"}
-    plain, classic_losses = [], []
-    for extra, sink in (({}, plain), ({"classic": classic}, classic_losses)):
-        train("tiny-llama", plan=Plan.from_dict({**knobs, **extra}),
-              run=RunConfig.from_dict({"steps": 3, "data": "synthetic", "timing_warmup": 0}),
-              on_step=lambda entry, sink=sink: sink.append(entry.outcome.loss))
-    assert classic_losses == pytest.approx(plain, rel=1e-6)
+def test_classic_layouts_are_refused_on_one_device(classic):
+    """On a CPU both classic layouts would have one device to use and change nothing, so the
+    request is refused rather than ignored (what they add on several GPUs is placement,
+    checked below)."""
+    with pytest.raises(InputError) as refused:
+        train("tiny-llama", plan=Plan.from_dict({**BASE, "device": "cpu", "classic": classic}),
+              run=RunConfig.from_dict({"steps": 3, "data": "synthetic", "timing_warmup": 0}))
+    assert refused.value.field == "--classic" and "on cpu there is one device" in refused.value.message
 
 
 def test_vertical_placement_spreads_blocks_in_order():

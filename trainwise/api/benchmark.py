@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from trainwise.api.compatibility import check_device_support
+from trainwise.api.compatibility import check_request
 from trainwise.api.estimate import estimate
 from trainwise.bench.capability import skip_reason
 from trainwise.bench.chart import save_chart
@@ -24,8 +24,10 @@ from trainwise.bench.rows import empty_row, row_plan
 from trainwise.bench.runner import RowJob, run_row
 from trainwise.engine.output_preflight import BENCH_RESULTS_BYTES, check_output_directory
 from trainwise.hardware import resolve_device
+from trainwise.models import resolve_model
 from trainwise.plan.atomic import atomic_write_text
 from trainwise.plan.errors import InputError
+from trainwise.plan.plan import Plan
 
 BASELINES = ("hf-trainer", "none")
 # Sized to the machine: the classic example on a GPU, a small model that finishes quickly on a CPU.
@@ -64,6 +66,7 @@ def bench(model: str | None = None, ladder: str | None = None, *, steps: int = 1
     if model is None:
         model, task = default_name, task or default_knobs.get("task")
         base_knobs = {"seq_len": default_knobs["seq_len"], **(base_knobs or {})}
+    _refuse_up_front(model, task, device or device_type, base_knobs or {})
     rungs = load_ladder(ladder, {"device": device or device_type, **(base_knobs or {})})
     engines = ["trainwise"] + (["hf-trainer"] if baseline == "hf-trainer" else [])
     out = Path(out)
@@ -105,9 +108,17 @@ def _run(job: RowJob, predicted: Callable[[], tuple]) -> dict:
     return row
 
 
+def _refuse_up_front(model: str, task: str | None, device: str, base_knobs: dict) -> None:
+    """What every row would inherit, the model and the knobs given to bench itself, is
+    refused as `train` and `estimate` refuse it (exit 2, before any row runs). A rung's own
+    knobs that this machine cannot run make skipped rows instead (_cannot_run_here)."""
+    spec = resolve_model(model, task=task)
+    check_request(Plan.from_dict({"device": device, **base_knobs}), resolve_device(device), spec, here=True)
+
+
 def _cannot_run_here(plan) -> str | None:
     try:
-        check_device_support(plan, resolve_device(plan.device))
+        check_request(plan, resolve_device(plan.device), here=True)
     except InputError as err:
         return err.message
     return skip_reason(plan, _device_type(plan.device))

@@ -1,10 +1,39 @@
-"""Knob combinations a device cannot run, and knobs `estimate` does not model yet."""
+"""Every refusal of a request, in one place: `estimate`, `train` and `bench` call
+`check_request` before any model is built, so a combination is refused by all of them the
+same way (exit 2, one line naming the flag), and `--attention auto` is resolved here.
+
+The rules themselves live with what they are about: the Plan alone
+(trainwise/plan/combinations.py), the target device (below), the model's attention
+(trainwise/models/attention.py) and this machine's packages and GPUs
+(trainwise/hardware/installation.py)."""
 
 from __future__ import annotations
 
 from trainwise.hardware import Device
+from trainwise.hardware.installation import check_installation
+from trainwise.models import ModelSpec
+from trainwise.models.attention import check_flash, pick_attention
+from trainwise.plan.combinations import check_combinations
 from trainwise.plan.errors import InputError, NotSupportedYet
 from trainwise.plan.plan import Plan
+
+
+def check_request(plan: Plan, device: Device, spec: ModelSpec | None = None, *,
+                  here: bool, world_size: int | None = None) -> tuple[Plan, list[str]]:
+    """(the plan with `--attention auto` resolved, notes saying what was picked), or
+    InputError for the first rule the request breaks. `here`: the plan runs on this
+    machine (train, bench), so its packages and GPUs must be present; `estimate` predicts
+    for a device that may be elsewhere. `world_size`: the processes a launched run has
+    (default: what the plan names)."""
+    check_combinations(plan, world_size)
+    check_device_support(plan, device)
+    if here:
+        check_installation(plan, device.kind)
+    if plan.attention != "auto":
+        check_flash(plan, device, spec, here)
+        return plan, []
+    choice, note = pick_attention(device, spec, here)
+    return plan.replace(attention=choice), [note]
 
 
 def check_device_support(plan: Plan, device: Device) -> None:
@@ -15,9 +44,12 @@ def check_device_support(plan: Plan, device: Device) -> None:
             raise InputError("--precision", f"{plan.precision} needs a CUDA device; on cpu use fp32, bf16 or bf16-pure")
         if plan.optim == "adamw-8bit":
             raise InputError("--optim", "adamw-8bit (bitsandbytes) needs a CUDA device; on cpu use adamw or adafactor")
-        if plan.attention == "flash":
-            raise InputError("--attention", "flash needs a CUDA GPU (compute capability 8.0+); on cpu use sdpa or eager")
+        if plan.classic != "none":
+            raise InputError("--classic", f"{plan.classic} spreads one process over several GPUs; on cpu there is "
+                                          "one device, so it would change nothing: drop --classic")
+        check_flash(plan, device)
         return
+    check_flash(plan, device)
     if gpu is None:
         return
     capability = "{}.{}".format(*gpu.compute_capability)
@@ -25,11 +57,11 @@ def check_device_support(plan: Plan, device: Device) -> None:
         raise InputError("--precision", f"{plan.precision} needs compute capability 8.0+; {gpu.name} has {capability}: use fp16")
     if plan.precision == "tf32" and not gpu.supports_tf32:
         raise InputError("--precision", f"tf32 needs compute capability 8.0+; {gpu.name} has {capability}: use fp32 or fp16")
-    if plan.attention == "flash" and not gpu.supports_flash_attention:
-        raise InputError("--attention", f"flash needs compute capability 8.0+; {gpu.name} has {capability}: use sdpa")
 
 
 def check_estimate_support(plan: Plan) -> None:
     """Knobs declared in the Plan whose memory effect `estimate` does not model yet."""
     if plan.compile:
         raise NotSupportedYet("--compile", "estimate (its memory is at most the eager estimate; drop the flag)")
+    if plan.classic != "none":
+        raise NotSupportedYet("--classic", "estimate (it would show one device's figure, not each GPU's)")

@@ -6,7 +6,7 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 
-from trainwise.api.compatibility import check_device_support, check_estimate_support
+from trainwise.api.compatibility import check_estimate_support, check_request
 from trainwise.estimate.per_rank import (RankModel, rank_config, rank_memory, rank_plan,
                                          headless_workload, rank_reshape, rank_views)
 from trainwise.estimate.extrapolate import (TRACED_BLOCKS, CannotSynthesize, block_count, extrapolate_dataclass,
@@ -78,12 +78,12 @@ def estimate(model: str | ModelSpec, plan: Plan | None = None, *, task: str | No
     plan = plan or Plan()
     spec = model if isinstance(model, ModelSpec) else resolve_model(model, task=task, trust_remote_code=trust_remote_code)
     device = resolve_device(plan.device)
+    plan, picked = check_request(plan, device, spec, here=False)
     check_estimate_support(plan)
-    check_device_support(plan, device)
     check_seq_len(spec, plan.seq_len)
-    if plan.is_distributed or plan.cpu_offload:
-        return _per_rank(spec, plan, device)
-    return _one_device(spec, plan, device)
+    per_rank = plan.is_distributed or plan.cpu_offload
+    result = _per_rank(spec, plan, device) if per_rank else _one_device(spec, plan, device)
+    return dataclasses.replace(result, notes=(*picked, *result.notes)) if picked else result
 
 
 def _one_device(spec: ModelSpec, plan: Plan, device: Device, reshape=None) -> EstimateResult:

@@ -8,6 +8,7 @@ this model, not a rule of thumb."""
 from __future__ import annotations
 
 from trainwise.api.estimate import estimate
+from trainwise.hardware.installation import check_installation
 from trainwise.models import ModelSpec
 from trainwise.plan.errors import InputError
 from trainwise.plan.plan import Plan
@@ -43,10 +44,13 @@ def fitting_changes(spec: ModelSpec, plan: Plan, capacity_bytes: int) -> list[tu
     """Up to MAX_SUGGESTIONS (changes, predicted device total in bytes) that fit `capacity_bytes`."""
     fits = []
     for change in candidate_changes(plan, "cuda" if plan.device != "cpu" else "cpu"):
+        changed = plan.replace(compile=False, **change)
         try:
-            result = estimate(spec, plan.replace(compile=False, **change))
+            # Only what can run here: the advice is for a rerun on this machine.
+            check_installation(changed, "cuda" if plan.device != "cpu" else "cpu")
+            result = estimate(spec, changed)
         except InputError:
-            continue  # e.g. this device cannot run the changed precision
+            continue  # e.g. this device cannot run the changed precision, or a package is missing
         if result.memory.device_total <= capacity_bytes:
             fits.append((change, result.memory.device_total))
             if len(fits) == MAX_SUGGESTIONS:

@@ -19,16 +19,17 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
+from trainwise.api.compatibility import check_request
 from trainwise.api.estimate import estimate
 from trainwise.api.oom_advice import oom_message
 from trainwise.engine.data import build_data
 from trainwise.engine.flops import count_training_flops, peak_flops_for
 from trainwise.engine.output_preflight import check_training_output, count_parameters_of
 from trainwise.engine.parallel.consistency import check_same_settings, settings_of
-from trainwise.engine.parallel.mesh import Distributed, start_distributed
+from trainwise.engine.parallel.mesh import Distributed, launched_world_size, start_distributed
 from trainwise.engine.run import RunOutcome, StepLog, run_training
 from trainwise.engine.run_config import RunConfig
-from trainwise.engine.runtime import runtime_device, seed_everything
+from trainwise.engine.runtime import refusal_of_nondeterminism, runtime_device, seed_everything
 from trainwise.engine.setup import apply_plan
 from trainwise.hardware import resolve_device
 from trainwise.models import ModelSpec, build_model_with_notes, check_seq_len, example_batch, resolve_model
@@ -72,6 +73,8 @@ def train(model: str | ModelSpec | nn.Module = "tiny-llama", data: str | Iterabl
     device = runtime_device(plan.device, explicit=device_explicit)
     if plan.device != device.type and not device_explicit:
         plan = plan.replace(device=device.type)
+    spec = _spec(model, task, trust_remote_code)
+    plan, notes = check_train_request(plan, device, spec, launched_world_size())  # before any process group or model
     distributed = start_distributed(plan, device.type)
     if distributed.mesh is not None:
         check_layout_combination(plan, distributed.layout)  # before any model is built
@@ -82,10 +85,8 @@ def train(model: str | ModelSpec | nn.Module = "tiny-llama", data: str | Iterabl
             run = run.replace(metrics=None)
     # The same seed on every rank: replicas start equal, and shards are cut from one model.
     seed_everything(run.seed, run.deterministic)
-    spec = _spec(model, task, trust_remote_code)
     if run.output and distributed.is_main:  # before the build: a run that cannot save is not started
         check_training_output(run.output, plan, run, count_parameters_of(spec or model))
-    notes: list[str] = []
     # A model about to be sharded or cut into stages is built in host memory: each rank
     # then holds only its shards or stages on the device (so ZeRO-3 and pipelines train
     # models one device cannot hold whole).
@@ -115,11 +116,25 @@ def train(model: str | ModelSpec | nn.Module = "tiny-llama", data: str | Iterabl
         if device.type == "cuda":
             torch.cuda.empty_cache()
         raise OutOfMemory(oom_message(spec, plan, capacity, step_seen["step"])) from None
+    except RuntimeError as err:
+        refusal = refusal_of_nondeterminism(err, run.deterministic)
+        if refusal is None:
+            raise
+        raise refusal from None
     result.outcome, result.summary = outcome, dict(outcome.summary)
     result.summary["mfu_peak"] = result.mfu_peak
     if result.predicted:
         result.summary["predicted"] = result.predicted
     return result
+
+
+def check_train_request(plan: Plan, device: torch.device, spec: ModelSpec | None,
+                        world_size: int) -> tuple[Plan, list[str]]:
+    """The shared refusals (trainwise/api/compatibility.py) for a run of `world_size`
+    processes on `device`, here: (the plan with `--attention auto` resolved, notes saying
+    what was picked)."""
+    return check_request(plan, resolve_device(_estimate_device_name(device)), spec, here=True,
+                         world_size=world_size)
 
 
 def _spec(model, task: str | None, trust_remote_code: bool) -> ModelSpec | None:

@@ -1,7 +1,7 @@
 """What this installation cannot run, found before any process is started: such a row is
-shown as skipped, with the reason. (What a *device* cannot do, fp16 on a CPU say, is
-trainwise.api.compatibility's to decide; this file covers packages, compilers and the
-layouts `trainwise train` does not run yet.)"""
+shown as skipped, with the reason. (What a *device* or this installation cannot do, fp16 on a
+CPU or flash without flash-attn, is trainwise.api.compatibility's to decide, for every
+command alike; this file covers compilers and the layouts bench does not run yet.)"""
 
 from __future__ import annotations
 
@@ -19,10 +19,6 @@ def skip_reason(plan: Plan, device_type: str) -> str | None:
         return "this machine has no CUDA GPU (use --device cpu)"
     if plan.is_distributed or plan.cpu_offload:
         return "parallel layouts are not benched yet (each row trains on one device)"
-    if plan.optim == "adamw-8bit" and not _installed("bitsandbytes"):
-        return "8-bit AdamW needs the bitsandbytes package (pip install bitsandbytes)"
-    if plan.attention == "flash" and not _installed("flash_attn"):
-        return "flash attention needs the flash-attn package (pip install flash-attn)"
     if plan.compile:
         return compile_unavailable(device_type)
     return None

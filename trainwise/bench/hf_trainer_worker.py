@@ -26,6 +26,7 @@ from trainwise.engine.metrics import MetricsLog, StepTimer
 from trainwise.engine.runtime import runtime_device, synchronize
 from trainwise.hardware import resolve_device
 from trainwise.models import build_model, example_batch, resolve_model
+from trainwise.models.attention import pick_attention
 from trainwise.plan import InputError, plan_from_sources
 from trainwise.plan.errors import OutOfMemory
 from trainwise.step.lora import apply_lora
@@ -119,6 +120,8 @@ def run(args) -> None:
     if plan.device == "cpu" and plan.precision in ("fp16", "tf32"):
         raise InputError("--precision", f"{plan.precision} needs a CUDA device")
     spec = resolve_model(args.model, task=args.task)
+    if plan.attention == "auto":  # the pick trainwise's row makes, so both engines run one kernel
+        plan = plan.replace(attention=pick_attention(resolve_device(_device_name(device)), spec, here=True)[0])
     torch.manual_seed(args.seed)
     model = build_model(spec, "cpu", attention=plan.attention)
     if plan.lora:
@@ -139,8 +142,7 @@ def _flops_and_peak(spec, plan, device) -> tuple[int | None, float | None]:
     """Model FLOPs of one optimizer step and the device's peak FLOP/s, counted exactly as
     `trainwise train` counts them, so both engines' MFU use one yardstick. No peak (a
     CPU, a GPU missing from the catalog): no MFU, and the FLOPs are not counted at all."""
-    peak, _ = peak_flops_for(resolve_device("cpu" if device.type == "cpu" else f"cuda:{device.index or 0}"),
-                             plan.precision)
+    peak, _ = peak_flops_for(resolve_device(_device_name(device)), plan.precision)
     if peak is None:
         return None, None
     meta = build_model(spec, "meta", attention=plan.attention)
@@ -204,6 +206,10 @@ class _Measure(_callback_base()):
         self.log.summary({**self.timer.summary(total_s), "peak_allocated": memory.peak_allocated,
                           "peak_reserved": memory.peak_reserved, "device_total": memory.device_total,
                           "final_loss": self.last_loss, "memory_method": memory.method})
+
+
+def _device_name(device: torch.device) -> str:
+    return "cpu" if device.type == "cpu" else f"cuda:{device.index or 0}"
 
 
 if __name__ == "__main__":

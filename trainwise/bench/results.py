@@ -10,6 +10,7 @@ from pathlib import Path
 
 from trainwise.bench.rows import MEMORY_KEYS
 from trainwise.plan.atomic import atomic_write_text
+from trainwise.plan.errors import InputError
 
 JSON_FILE, CSV_FILE = "results.json", "results.csv"
 CSV_COLUMNS = ["name", "engine", "status", "reason", "time_s", "samples_per_s", "tokens_per_s", "mfu",
@@ -24,12 +25,22 @@ def save_results(out: Path, rows: list[dict]) -> None:
 
 
 def load_results(out: Path) -> list[dict]:
-    """Rows of an earlier run in `out` (empty when there is none or it is unreadable)."""
-    try:
-        rows = json.loads((out / JSON_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
+    """Rows of an earlier run in `out` (empty when there is none). A results.json that is
+    there but cannot be read as rows is an InputError naming it: resuming would start over
+    and overwrite it, losing the rows it may hold."""
+    path = out / JSON_FILE
+    if not path.exists():
         return []
-    return rows if isinstance(rows, list) else []
+    try:
+        rows = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise InputError("--resume", f"{path} is not readable as bench results ({reason}); it is left as it is: "
+                                     "repair or move it, or pick another --out") from None
+    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+        raise InputError("--resume", f"{path} does not hold a list of bench rows; it is left as it is: "
+                                     "repair or move it, or pick another --out")
+    return rows
 
 
 def _csv(rows: list[dict]) -> str:

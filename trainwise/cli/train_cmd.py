@@ -33,8 +33,9 @@ def register(commands) -> None:
 def run(args) -> int:
     from rich.console import Console
 
-    from trainwise.api.training import train
+    from trainwise.api.training import check_train_request, train
     from trainwise.engine.output_preflight import check_training_output, count_parameters_of
+    from trainwise.engine.runtime import runtime_device
     from trainwise.engine.parallel.launch import launch_local, should_launch
     from trainwise.engine.parallel.mesh import stop_distributed
     from trainwise.engine.parallel.restarts import check_restart_request
@@ -51,18 +52,19 @@ def run(args) -> int:
         plan = plan.replace(**{k: v for k, v in DEMO_KNOBS.items() if k not in chosen})
     run_config = RunConfig.from_dict(typed_values(args, RunConfig.specs()))
     warning = check_restart_request(run_config, plan.nproc)
+    # With no --device anywhere, train on what is here (the Plan's default names CUDA).
+    explicit = "device" in vars(args) or "device" in from_file
     if should_launch(plan.nproc):
         # Bad input fails here, once, with exit 2, before any worker starts.
         layout = resolve_layout(plan, plan.nproc)
         spec = resolve_model(args.model or DEFAULT_MODEL, task=args.task, trust_remote_code=args.trust_remote_code)
+        check_train_request(plan, runtime_device(plan.device, explicit=explicit), spec, plan.nproc)
         check_model_layout(spec.config, plan, layout)
         check_training_output(run_config.output, plan, run_config, count_parameters_of(spec))
         if warning:
             print(warning, file=sys.stderr)
         return launch_local(plan.nproc, args.argv, run_config)
     run_config = _continue_after_restart(run_config)
-    # With no --device anywhere, train on what is here (the Plan's default names CUDA).
-    explicit = "device" in vars(args) or "device" in from_file
     console = Console(quiet=int(os.environ.get("RANK", "0")) != 0)  # rank 0 speaks for the job
     progress = StepProgress(console, run_config.steps)
     try:

@@ -58,10 +58,26 @@ def seed_everything(seed: int, deterministic: bool) -> None:
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
     if deterministic:
-        # cuBLAS needs a fixed workspace layout to be deterministic.
+        # cuBLAS needs a fixed workspace layout to be deterministic; flash-attn's backward
+        # takes its deterministic path when this variable is set (transformers reads it).
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        os.environ["FLASH_ATTENTION_DETERMINISTIC"] = "1"
+        # Not warn_only: a kernel without a deterministic implementation stops the run
+        # (refusal_of_nondeterminism below) rather than breaking the promise quietly.
+        torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
+
+
+def refusal_of_nondeterminism(error: RuntimeError, deterministic: bool) -> InputError | None:
+    """The one-line refusal for torch's error when `--deterministic` met a kernel that has no
+    deterministic implementation (None for any other error)."""
+    text = str(error)
+    marker = " does not have a deterministic implementation"
+    if not deterministic or marker not in text:
+        return None
+    kernel = text.split(marker)[0].strip().splitlines()[-1]
+    return InputError("--deterministic", f"the model runs {kernel}, which has no deterministic implementation on "
+                                         "this device; drop --deterministic or change that part of the model")
 
 
 def synchronize(device: torch.device) -> None:

@@ -72,8 +72,8 @@ def classic_layout(model: nn.Module, forward: nn.Module, plan: Plan, device: tor
     """--classic: nn.DataParallel or blocks placed vertically over the visible GPUs."""
     from trainwise.engine.parallel.classic import classic_devices, data_parallel_module, place_vertically
 
-    if plan.is_distributed:
-        raise InputError("--classic", "is a one-process layout; drop --nproc/--dp/--fsdp/--zero/--tp/--pp")
+    # One process over at least two GPUs: anything else was refused up front
+    # (trainwise/api/compatibility.py), since it would change nothing.
     devices = classic_devices(device)
     if plan.classic == "vertical":
         place_vertically(model, devices)

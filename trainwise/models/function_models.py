@@ -18,6 +18,7 @@ from torch import nn
 
 from trainwise.plan.errors import InputError
 
+OFFERED_KEYWORDS = ("batch_size", "seq_len")
 _REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -36,7 +37,24 @@ def import_model_function(reference: str) -> Callable[..., Any]:
     function = getattr(module, function_name, None)
     if not callable(function):
         raise InputError("MODEL", f"module '{module_name}' has no function '{function_name}'")
+    check_signature(function, reference)
     return function
+
+
+def check_signature(function: Callable[..., Any], reference: str) -> None:
+    """InputError naming the function when it needs an argument trainwise does not pass:
+    it is called with only `batch_size` and `seq_len` (as keywords), so found now rather
+    than as a TypeError once the run has started."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return  # no signature to read (a builtin): its call will tell
+    needed = [p.name for p in parameters if p.default is inspect.Parameter.empty
+              and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in OFFERED_KEYWORDS]
+    if needed:
+        raise InputError("MODEL", f"{reference} requires {', '.join(repr(n) for n in needed)}, but a model function "
+                                  f"is called with only the keywords {' and '.join(OFFERED_KEYWORDS)} (give the "
+                                  "others defaults)")
 
 
 def call_model_function(
@@ -45,7 +63,7 @@ def call_model_function(
     """Call a model function under `device` as the default device; check what it returns."""
     parameters = inspect.signature(function).parameters
     takes_any_keyword = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    offered = {"batch_size": batch_size, "seq_len": seq_len}
+    offered = dict(zip(OFFERED_KEYWORDS, (batch_size, seq_len)))
     kwargs = {key: value for key, value in offered.items() if takes_any_keyword or key in parameters}
     with torch.device(device):
         result = function(**kwargs)

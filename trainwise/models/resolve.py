@@ -12,9 +12,11 @@ import copy
 import json
 from pathlib import Path
 
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, PretrainedConfig
 
 from trainwise.models.catalog import CatalogRecord, find_record, unknown_model_error
+from trainwise.models.config_checks import check_config_sizes, config_field_error
 from trainwise.models.function_models import import_model_function, looks_like_function_reference
 from trainwise.models.positions import position_limit
 from trainwise.models.spec import ModelSpec
@@ -65,7 +67,9 @@ def _read_directory_config(name: str, path: Path, trust_remote_code: bool) -> Pr
     except (OSError, ValueError) as error:
         raise InputError("MODEL", f"cannot read {path / 'config.json'}: {error}") from error
     try:
-        return AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    except StrictDataclassError as error:  # transformers' own check of a field's type or value
+        raise config_field_error(path / "config.json", error) from None
     except (ValueError, KeyError, OSError, ImportError) as error:
         if raw.get("auto_map") and not trust_remote_code:
             raise InputError(
@@ -75,6 +79,8 @@ def _read_directory_config(name: str, path: Path, trust_remote_code: bool) -> Pr
             ) from error
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise InputError("MODEL", f"cannot load the config in '{name}': {reason}") from error
+    check_config_sizes(config, path / "config.json")
+    return config
 
 
 def _from_function(name: str, task: str | None) -> ModelSpec:

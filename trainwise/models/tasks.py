@@ -99,9 +99,14 @@ def infer_task(config: PretrainedConfig) -> str:
 def choose_task(model_name: str, config: PretrainedConfig, requested: str | None, usual: str) -> str:
     """`requested` when this model supports it, `usual` when nothing was requested.
 
-    Raises InputError naming ``--task`` and the tasks this model allows.
+    Raises InputError naming ``--task`` and the tasks this model allows, or ``MODEL`` when
+    it allows none (an image or speech model: building it would fail inside transformers).
     """
     allowed = allowed_tasks(config)
+    if not allowed:
+        raise InputError("MODEL", f"{model_name} is a {config.model_type} model, which has none of the heads "
+                                  f"trainwise trains: {', '.join(TASKS)} (text models; `trainwise models` lists "
+                                  "the catalog)")
     if requested is None:
         return usual
     if requested not in allowed:

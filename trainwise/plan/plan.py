@@ -11,7 +11,7 @@ from trainwise.plan.knobs import KnobSpec, knob, knob_specs
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "bf16-pure")
 OPTIMIZERS = ("adamw", "adamw-fused", "adafactor", "adamw-8bit", "sgd")
-ATTENTIONS = ("eager", "sdpa", "flash")
+ATTENTIONS = ("eager", "sdpa", "flash", "auto")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 LR_SCHEDULES = ("cosine", "linear", "constant")
@@ -36,7 +36,8 @@ class Plan:
     max_grad_norm: float = knob(1.0, "gradient clipping norm (0 disables)", minimum=0.0)
     # --- memory and speed techniques
     grad_ckpt: bool = knob(False, "gradient (activation) checkpointing per transformer block")
-    attention: str = knob("sdpa", "attention kernel", choices=ATTENTIONS)
+    attention: str = knob("sdpa", "attention kernel; auto picks flash where it runs, else sdpa, else eager, "
+                                          "and says which", choices=ATTENTIONS)
     compile: bool = knob(False, "torch.compile the model")
     compile_mode: str = knob("default", "torch.compile mode", choices=COMPILE_MODES)
     lora_rank: int = knob(0, "LoRA rank (0 trains all weights)", minimum=0)

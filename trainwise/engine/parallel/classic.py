@@ -7,8 +7,9 @@ vertical: naive model parallel. Blocks are placed on the GPUs in order (embeddin
     first, the head on the last) and the activations hop from GPU to GPU; one GPU works
     at a time. Pipeline parallel (--pp) is the fix.
 
-Without several GPUs both run on the one device there is (the hops become no-ops), so
-the code path is exercised on a CPU but shows no parallelism."""
+Without several GPUs either would run on the one device there is and change nothing, so
+`--classic` is refused there (a CPU, one visible GPU) rather than ignored; the placement
+itself is tested with the CPU standing in for each GPU."""
 
 from __future__ import annotations
 

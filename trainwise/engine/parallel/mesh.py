@@ -53,11 +53,16 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def launched_world_size() -> int:
+    """The processes this one runs among: torchrun's WORLD_SIZE, else 1."""
+    return int(os.environ["WORLD_SIZE"]) if under_torchrun() else 1
+
+
 def start_distributed(plan: Plan, device_type: str) -> Distributed:
     """Join the process group (gloo on CPU, NCCL on CUDA) and build the mesh; a one-device
     run gets a Distributed with no mesh, unless it shards (ZeRO-3 with CPU offload on one
     GPU: FSDP2 needs a process group, of one rank then)."""
-    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else 1
+    world = launched_world_size()
     if world == 1:
         layout = resolve_layout(plan, 1)
         if not layout.zero:

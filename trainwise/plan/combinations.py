@@ -1,0 +1,22 @@
+"""Refusals that need nothing but the Plan: its layout, and knobs that cannot go together.
+
+`estimate`, `train` and `bench` all call `check_combinations` before any model is built,
+so one combination is refused by every command with the same line (a `plan` command can
+call it on a Plan alone)."""
+
+from __future__ import annotations
+
+from trainwise.plan.errors import InputError
+from trainwise.plan.layout import Layout, resolve_layout
+from trainwise.plan.partition import check_layout_combination
+
+
+def check_combinations(plan, world_size: int | None = None) -> Layout:
+    """The plan's Layout on `world_size` processes (default: the plan's own, as
+    `resolve_layout` reads it); InputError naming the flag when its knobs contradict each
+    other (`--sequence-parallel` without `--tp`, `--classic` with a multi-process layout, ...)."""
+    layout = resolve_layout(plan, world_size)
+    check_layout_combination(plan, layout)
+    if plan.classic != "none" and plan.is_distributed:
+        raise InputError("--classic", "is a one-process layout; drop --nproc/--dp/--fsdp/--zero/--tp/--pp")
+    return layout
