@@ -3,6 +3,7 @@ checkpoint, one line and exit 128 + the signal's number; `--resume` then continu
 uninterrupted run's loss curve step for step."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 from fault_log import lost_files, tree_digest
 from trainwise.api.training import train
 from trainwise.cli.main import main
+from trainwise.engine.checkpoint_manifest import verify_manifest
 from trainwise.engine.preemption import Preempted
 from trainwise.engine.run_config import RunConfig
 from trainwise.plan import Plan
@@ -127,3 +129,41 @@ def test_a_second_signal_of_the_same_kind_stops_at_once(fault_log):
     fault_log(kind="fault", case="a second SIGTERM while the first one's checkpoint is pending",
               exit_code=128 + signal.SIGTERM, message="(ended by the signal at once, as its default action)",
               lost=0)
+
+
+@pytest.mark.fault
+def test_sigterm_to_an_nproc_job_stops_every_rank_at_one_step_with_one_checkpoint(tmp_path, fault_log):
+    """Two gloo ranks: the launcher relays the signal, the ranks agree on the step, save one
+    distributed checkpoint and resume from it to the end (2 launches; about 50 s of CPU)."""
+    metrics, out = tmp_path / "metrics.jsonl", tmp_path / "out"
+    argv = [sys.executable, "-m", "trainwise", *RUN, "--nproc", "2", "--output", str(out), "--metrics", str(metrics)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and child.poll() is None:
+        if metrics.is_file() and '"step"' in metrics.read_text():
+            child.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.01)
+    stderr = child.communicate(timeout=240)[1]
+
+    assert child.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    stopped_after = len(_losses(metrics))
+    assert 1 <= stopped_after < STEPS
+    checkpoint = out / "checkpoints" / f"step-{stopped_after:08d}"
+    line = (f"trainwise: stopped by SIGTERM after step {stopped_after} of {STEPS}; "
+            f"checkpoint saved in {checkpoint}; continue with --resume")
+    assert stderr.splitlines().count(line) == 1  # rank 0 speaks for the job
+    assert sorted(p.name for p in (checkpoint / "dcp").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    verify_manifest(checkpoint)
+    assert json.loads((checkpoint / "trainwise.json").read_text())["state"]["step"] == stopped_after
+    saved = tree_digest(checkpoint)
+
+    resumed = subprocess.run([*argv, "--resume"], env=env, capture_output=True, text=True, timeout=240)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [line["step"] for line in map(json.loads, metrics.read_text().splitlines()) if "step" in line] == \
+        list(range(1, STEPS + 1))
+    lost = lost_files(saved, tree_digest(checkpoint))
+    assert lost == 0
+    fault_log(kind="fault", case="SIGTERM to `trainwise train --nproc 2 --output DIR` (gloo), then --resume",
+              exit_code=child.returncode, message=line, lost=lost)

@@ -97,9 +97,11 @@ def save_checkpoint(output_dir, state: TrainingState, *, model: nn.Module, optim
 
 
 def finish_save(root: Path, path: Path, keep: int) -> None:
-    """After `path` was renamed into place: read it back against its manifest, then point
-    `latest` at it, then prune (so nothing older goes before the new one is known good)."""
-    verify_manifest(path)
+    """After `path` was renamed into place: check it against its manifest, then point
+    `latest` at it, then prune (so nothing older goes before the new one is known good).
+    Sizes only: the checksums were just computed from these files, and hashing them again
+    would double the cost (resume checks them)."""
+    verify_manifest(path, checksums=False)
     atomic_write_text(root / LATEST, path.name + "\n")
     _prune(root, keep, current=path)
 

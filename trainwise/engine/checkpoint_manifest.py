@@ -3,10 +3,11 @@
 `manifest.json` is written last inside the checkpoint's temporary directory, just before
 it is renamed into place, so a checkpoint that has one held every listed file, whole, when
 it was saved. Resume checks it: sizes always (a truncated or missing file), checksums
-unless told not to (flipped bits). Hashing reads every byte once: sha256 runs at several
-hundred MB/s to about 2 GB/s on one core, so it adds about a second per GB of checkpoint
-(docs/train.md gives the measured figures). Checkpoints written before manifests existed
-have none; they keep the older completeness rule (engine/checkpoint.py).
+unless told not to (flipped bits). Hashing reads every byte once on one core: measured
+0.8 GiB/s for sha256 on a busy 2-core machine, 11 ms for a 2.8 MB tiny-gpt2 checkpoint
+(sizes alone: 0.2 ms); about 1.2 s per GiB, paid once when saving and once per
+checkpoint checked on resume. Checkpoints written before manifests existed have none;
+they keep the older completeness rule (engine/checkpoint.py).
 """
 
 from __future__ import annotations

@@ -11,17 +11,24 @@ same kind in a one-process run stops at once, as that signal's default action do
 Under torchrun every rank installs the handlers, and at each step boundary the ranks
 all-reduce the signal they saw (the largest number wins), so all stop after the same
 step and save one consistent distributed checkpoint; ranks may each be sent the signal
-(torchrun relays it), so a second one does not stop a rank early there.
+(torchrun relays it), so a second one does not stop a rank early there. The launching
+process (`--nproc N`) runs torchrun in a session of its own and passes each stop signal on
+to it once (a terminal's Ctrl-C would otherwise reach torchrun twice, and its second
+relay would cut the workers' save short); torchrun gives the workers 30 s to save before
+it kills them.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 from pathlib import Path
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+# torchrun relays these to its workers (its default list lacks SIGUSR1).
+TORCHRUN_RELAYS = "SIGTERM,SIGINT,SIGUSR1,SIGHUP,SIGQUIT"
 
 
 class Preempted(Exception):
@@ -79,3 +86,24 @@ class StopSignals:
             return
         if self.received is None:
             self.received = signum
+
+
+def run_relaying_stop_signals(command: list[str], env: dict) -> int:
+    """Run `command` (torchrun) in its own session, passing each stop signal this process
+    gets on to it; its exit code, or 128 + the signal relayed when the job ended on one."""
+    child = subprocess.Popen(command, env={**env, "TORCHELASTIC_SIGNALS_TO_HANDLE": TORCHRUN_RELAYS},
+                             start_new_session=True)
+    relayed: list[int] = []
+
+    def relay(signum, frame):
+        relayed.append(signum)
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {signum: signal.signal(signum, relay) for signum in STOP_SIGNALS}
+    try:
+        code = child.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 128 + relayed[0] if relayed and code != 0 else code

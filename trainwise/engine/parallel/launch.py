@@ -11,10 +11,10 @@ nodes, run torchrun directly on every node (trainwise then does not relaunch):
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 from trainwise.engine.parallel.mesh import under_torchrun
+from trainwise.engine.preemption import run_relaying_stop_signals
 
 
 def should_launch(nproc: int) -> bool:
@@ -40,11 +40,11 @@ def launch_local(nproc: int, argv: list[str]) -> int:
     """Run `trainwise <argv>` on `nproc` local processes; the exit code of the job.
 
     One worker failing ends the others (torchrun's agent stops the group) and its
-    `trainwise: error: ...` line is on stderr; the job's exit code is then 1."""
+    `trainwise: error: ...` line is on stderr; the job's exit code is then 1. A stop
+    signal reaches every worker: they save at the same step and the code is 128 + it."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
                "--nproc-per-node", str(nproc), "-m", "trainwise", *without_nproc(argv)]
     # One OpenMP thread per worker unless the user chose: N workers share the cores.
     env = {**os.environ}
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    done = subprocess.run(command, env=env)
-    return done.returncode
+    return run_relaying_stop_signals(command, env)  # SIGTERM, SIGINT, SIGUSR1 reach every worker
