@@ -1,15 +1,19 @@
 """`trainwise` command: parse, call the API, render. Exit codes: 0 ok, 2 bad input,
-3 out of memory, 1 anything else."""
+3 out of memory, 4 a checkpoint or result could not be written (disk full, no
+permission; what was there before is intact), 128 + N stopped by signal N after saving
+(SIGTERM 143, SIGINT 130, SIGUSR1 138: continue with --resume), 1 anything else."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
-from trainwise.plan.errors import InputError, OutOfMemory
+from trainwise.engine.preemption import Preempted
+from trainwise.plan.errors import InputError, OutOfMemory, WriteFailed
 
-EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_OOM = 0, 1, 2, 3
+EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_OOM, EXIT_WRITE = 0, 1, 2, 3, 4
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,6 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     except OutOfMemory as err:
         print(f"trainwise: error: {err}", file=sys.stderr)
         return EXIT_OOM
+    except WriteFailed as err:
+        print(f"trainwise: error: {_rank_prefix()}{err}", file=sys.stderr)
+        return EXIT_WRITE
+    except Preempted as stop:
+        if _rank_prefix() == "" or os.environ.get("RANK") == "0":  # rank 0 speaks for the job
+            print(f"trainwise: {stop}", file=sys.stderr)
+        return stop.exit_code
     except KeyboardInterrupt:
         return 130
     except Exception as err:  # noqa: BLE001 - the last line of defence: one line, exit 1
@@ -66,8 +77,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _rank_prefix() -> str:
     """"[rank R] " inside a multi-process job, so the failing rank is named."""
-    import os
-
     world = int(os.environ.get("WORLD_SIZE", "1"))
     return f"[rank {os.environ.get('RANK', '?')}] " if world > 1 else ""
 

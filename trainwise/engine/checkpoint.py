@@ -11,12 +11,14 @@ Layout of `OUTPUT/checkpoints/`:
                                           every RNG state; `torch.load(weights_only=True)` reads it
         trainwise.json                    step, data position, skipped steps, extras, plan and
                                           run settings, how the weights were saved, versions,
-                                          UTC time; written last
+                                          UTC time
+        manifest.json                     every other file's path, size and sha256; written
+                                          last (engine/checkpoint_manifest.py)
     latest                                the name of the newest complete checkpoint
 
 Crash safety: a checkpoint is built under a hidden temporary name and renamed into place
-only when complete (trainwise.plan.atomic); `latest` is replaced atomically after that;
-older checkpoints are pruned last. Killed at any point, a run leaves the previous good
+only when complete (trainwise.plan.atomic) and verified against its manifest in place;
+`latest` is replaced atomically after that; older checkpoints are pruned last. Killed at any point, a run leaves the previous good
 checkpoint in place and named by `latest` (or found by the scan), and the next save clears
 the leftover temporary directory.
 """
@@ -34,6 +36,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from trainwise.engine.checkpoint_manifest import (DamagedCheckpoint, has_manifest, manifest_saved_ns,
+                                                  verify_manifest, write_manifest)
 from trainwise.engine.checkpoint_rng import rng_states, set_rng_states
 from trainwise.engine.checkpoint_weights import prepare_weight_load, save_weights
 from trainwise.plan.atomic import atomic_directory, atomic_write_text
@@ -71,9 +75,12 @@ def save_checkpoint(output_dir, state: TrainingState, *, model: nn.Module, optim
     the `keep` newest complete checkpoints (keep <= 0 keeps every one). Returns its path.
 
     Disk: one model's weights (adapters only for LoRA) plus the optimizer state (for AdamW
-    twice the trainable weights in fp32), while the previous `keep` stay."""
+    twice the trainable weights in fp32), while the previous `keep` stay. A failed write
+    raises OSError (DamagedCheckpoint if it reads back wrong) and leaves the previous
+    checkpoints and `latest` as they were."""
     root = Path(output_dir) / CHECKPOINTS
     path = root / f"step-{state.step:08d}"
+    saved_ns = time.time_ns()
     with atomic_directory(path) as tmp:
         weights = save_weights(model, tmp)
         torch.save({"optimizer": optimizer.state_dict(),
@@ -82,11 +89,21 @@ def save_checkpoint(output_dir, state: TrainingState, *, model: nn.Module, optim
                     "rng": rng_states()}, tmp / STATE_FILE)
         info = {"format": FORMAT, "state": asdict(state), "weights": weights,
                 "plan": _as_dict(plan), "run": _as_dict(run), "versions": _versions(),
-                "saved_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "saved_ns": time.time_ns()}
+                "saved_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "saved_ns": saved_ns}
         (tmp / INFO_FILE).write_text(json.dumps(info, indent=2))
+        write_manifest(tmp, saved_ns)
+    finish_save(root, path, keep)
+    return path
+
+
+def finish_save(root: Path, path: Path, keep: int) -> None:
+    """After `path` was renamed into place: check it against its manifest, then point
+    `latest` at it, then prune (so nothing older goes before the new one is known good).
+    Sizes only: the checksums were just computed from these files, and hashing them again
+    would double the cost (resume checks them)."""
+    verify_manifest(path, checksums=False)
     atomic_write_text(root / LATEST, path.name + "\n")
     _prune(root, keep, current=path)
-    return path
 
 
 def latest_checkpoint(output_dir) -> Path | None:
@@ -100,6 +117,31 @@ def latest_checkpoint(output_dir) -> Path | None:
             return root / name
     complete = _complete_newest_first(root)
     return complete[0] if complete else None
+
+
+def resumable_checkpoint(output_dir, checksums: bool = True) -> tuple[Path | None, list[DamagedCheckpoint]]:
+    """The newest checkpoint to resume from, and the newer ones passed over as damaged.
+
+    Candidates, newest first (the one `latest` names, then by save time), are checked
+    against their manifests (sizes, and sha256 with `checksums`); one without a manifest
+    (older trainwise) counts when complete by the older rule. Raises InputError("--resume",
+    ...) naming the bad file when every candidate is damaged; (None, []) when there is none."""
+    damaged = []
+    for path in _candidates_newest_first(Path(output_dir) / CHECKPOINTS):
+        if not has_manifest(path):
+            if _complete(path):
+                return path, damaged
+            continue
+        try:
+            verify_manifest(path, checksums=checksums)
+            return path, damaged
+        except DamagedCheckpoint as err:
+            damaged.append(err)
+    if damaged:
+        bad = damaged[0]
+        raise InputError("--resume", f"no intact checkpoint in {Path(output_dir) / CHECKPOINTS}: {bad.file} is "
+                                     f"damaged ({bad.reason})")
+    return None, damaged
 
 
 def restore_checkpoint(path, *, model: nn.Module, optimizer, scheduler=None, scaler=None,
@@ -154,6 +196,18 @@ def _complete(path: Path) -> bool:
         (path / STATE_FILE).is_file() and (path / INFO_FILE).is_file()
 
 
+def _candidates_newest_first(root: Path) -> list[Path]:
+    """Checkpoint directories that are complete or carry a manifest (one with a manifest
+    and a file gone is damaged, not absent): the one `latest` names first."""
+    if not root.is_dir():
+        return []
+    found = sorted((p for p in root.iterdir() if _NAME.fullmatch(p.name) and p.is_dir()
+                    and (has_manifest(p) or _complete(p))), key=_saved_order, reverse=True)
+    pointer = root / LATEST
+    named = pointer.read_text(errors="replace").strip() if pointer.is_file() else ""
+    return sorted(found, key=lambda p: p.name != named)  # stable: the rest keep their order
+
+
 def _complete_newest_first(root: Path) -> list[Path]:
     if not root.is_dir():
         return []
@@ -167,7 +221,7 @@ def _saved_order(path: Path) -> tuple[int, str]:
     try:
         saved_ns = int(json.loads((path / INFO_FILE).read_text()).get("saved_ns", 0))
     except (OSError, ValueError, AttributeError):
-        saved_ns = 0
+        saved_ns = manifest_saved_ns(path)
     return saved_ns, path.name
 
 

@@ -2,12 +2,14 @@
 
 One optimizer step is `train_step.training_step`; this file drives it: resume from the
 latest good checkpoint, feed micro-batches from the data position, time each step with a
-device sync, measure memory, write the metrics file, save and export atomically."""
+device sync, measure memory, write the metrics file, save and export atomically. A stop
+signal (engine/preemption.py) ends the run after the current step with a checkpoint."""
 
 from __future__ import annotations
 
 import itertools
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,17 +18,20 @@ from typing import Callable, Iterator
 import torch
 from torch.distributed.tensor import DTensor
 
-from trainwise.engine.checkpoint import TrainingState, latest_checkpoint, restore_checkpoint, save_checkpoint
+from trainwise.engine.checkpoint import (CHECKPOINTS, TrainingState, latest_checkpoint, restore_checkpoint,
+                                         resumable_checkpoint, save_checkpoint)
+from trainwise.engine.checkpoint_manifest import DamagedCheckpoint
 from trainwise.engine.evaluate import evaluate
 from trainwise.engine.export import export_final
 from trainwise.engine.faults import MAX_CONSECUTIVE_SCALER_SKIPS, NonFiniteLoss, diagnose_non_finite
 from trainwise.engine.memory_probe import MemoryProbe
 from trainwise.engine.metrics import MetricsLog, StepTimer
+from trainwise.engine.preemption import Preempted, StopSignals
 from trainwise.engine.run_config import RunConfig
 from trainwise.engine.runtime import synchronize
 from trainwise.engine.setup import TrainingSetup
 from trainwise.engine.train_step import StepOutcome, training_step
-from trainwise.plan.errors import InputError
+from trainwise.plan.errors import InputError, WriteFailed
 from trainwise.plan.plan import Plan
 
 
@@ -77,7 +82,14 @@ def run_training(setup: TrainingSetup, data, plan: Plan, run: RunConfig, *, flop
 
     `data` is a TrainData (trainwise.engine.data); `flops_per_step` the counted model FLOPs
     of one optimizer step (None: no MFU); `peak_flops` the device's peak FLOP/s for the
-    plan's dtype (None on a CPU)."""
+    plan's dtype (None on a CPU). Raises Preempted after saving when a stop signal came,
+    WriteFailed when a checkpoint could not be written."""
+    with StopSignals(distributed=_distributed(setup), device=setup.device) as stops:
+        return _run(setup, data, plan, run, flops_per_step, peak_flops, on_step, stops)
+
+
+def _run(setup: TrainingSetup, data, plan: Plan, run: RunConfig, flops_per_step: int | None,
+         peak_flops: float | None, on_step: Callable[[StepLog], None] | None, stops: StopSignals) -> RunOutcome:
     state = _resume_state(setup, run, plan)
     started = state.step
     batches = _CountingIterator(iter(data.micro_batches(start=state.micro_batches_consumed)),
@@ -94,7 +106,7 @@ def run_training(setup: TrainingSetup, data, plan: Plan, run: RunConfig, *, flop
                       flops_per_step=flops_per_step, peak_flops=peak_flops)
     log = MetricsLog(run.metrics, resume_from_step=started if run.resume else None)
     probe.reset()
-    consecutive_skips, outcome, eval_loss, checkpoint = 0, None, None, None
+    consecutive_skips, outcome, eval_loss, checkpoint, stop_signal = 0, None, None, None, None
     run_started = previous_end = time.perf_counter()
     for step in range(started, run.steps):
         probe.step_begin(step, _live_tensors(setup))
@@ -124,9 +136,15 @@ def run_training(setup: TrainingSetup, data, plan: Plan, run: RunConfig, *, flop
         if run.output and run.save_every and (step + 1) % run.save_every == 0 and step + 1 < run.steps:
             checkpoint = _save(run, state, setup, plan)
         previous_end = time.perf_counter()
+        stop_signal = stops.requested() if step + 1 < run.steps else None
+        if stop_signal:
+            break
     total_time = time.perf_counter() - run_started
     exports = {}
-    if run.output and state.step > started:
+    if stop_signal:
+        if run.output and (checkpoint is None or checkpoint.name != f"step-{state.step:08d}"):
+            checkpoint = _save(run, state, setup, plan)
+    elif run.output and state.step > started:
         checkpoint = _save(run, state, setup, plan)
         exports = _export(run, setup, checkpoint)
     elif run.output:
@@ -137,7 +155,11 @@ def run_training(setup: TrainingSetup, data, plan: Plan, run: RunConfig, *, flop
                "peak_reserved": memory.peak_reserved, "device_total": memory.device_total,
                "final_loss": final_loss, "memory_method": memory.method, "steps": state.step - started,
                "skipped_steps": state.skipped_steps, "eval_loss": eval_loss}
+    if stop_signal:
+        summary["stopped_by_signal"] = stop_signal
     log.summary(summary)
+    if stop_signal:
+        raise Preempted(stop_signal, state.step, run.steps, checkpoint if run.output else None)
     return RunOutcome(state.step, started, final_loss, summary, checkpoint, exports, eval_loss)
 
 
@@ -161,15 +183,43 @@ def _resume_state(setup: TrainingSetup, run: RunConfig, plan: Plan) -> TrainingS
         return fresh
     if not run.output:
         raise InputError("--resume", "needs --output DIR (where the checkpoints are)")
-    path = latest_checkpoint(run.output)
-    if path is None:
-        raise InputError("--resume", f"no complete checkpoint in {Path(run.output) / 'checkpoints'}")
+    path = _checkpoint_to_resume(setup, run)
     if _distributed(setup):
         from trainwise.engine.parallel.distributed_checkpoint import load_distributed_checkpoint
 
         return load_distributed_checkpoint(path, setup=setup, plan=plan)
     return restore_checkpoint(path, model=setup.model, optimizer=setup.optimizer,
                               scheduler=setup.scheduler, scaler=setup.scaler, plan=plan)
+
+
+def _checkpoint_to_resume(setup: TrainingSetup, run: RunConfig) -> Path:
+    """The newest intact checkpoint; one warning line when newer ones were damaged. Under
+    torchrun rank 0 checks the files once and tells the others."""
+    main = not _distributed(setup) or setup.distributed.is_main
+    choice = _choose_checkpoint(run.output) if main else None
+    if _distributed(setup):
+        from trainwise.engine.parallel.distributed_checkpoint import _from_rank_zero
+
+        choice = _from_rank_zero(choice)
+    path, warning, error = choice
+    if error:
+        raise InputError("--resume", error)
+    if warning and main:
+        print(f"trainwise: warning: {warning}", file=sys.stderr, flush=True)
+    return Path(path)
+
+
+def _choose_checkpoint(output) -> tuple[str | None, str | None, str | None]:
+    """(path, warning, error) for _checkpoint_to_resume, as plain strings (sent to ranks)."""
+    try:
+        path, damaged = resumable_checkpoint(output)
+    except InputError as err:
+        return None, None, err.message
+    if path is None:
+        return None, None, f"no complete checkpoint in {Path(output) / CHECKPOINTS}"
+    passed_over = "; ".join(f"{bad.file} is damaged ({bad.reason})" for bad in damaged)
+    warning = f"{passed_over}; resuming from the previous intact checkpoint {path}" if damaged else None
+    return str(path), warning, None
 
 
 def _check_finite(outcome: StepOutcome, step: int, plan: Plan, run: RunConfig, consecutive_skips: int) -> int:
@@ -184,12 +234,27 @@ def _check_finite(outcome: StepOutcome, step: int, plan: Plan, run: RunConfig, c
 
 
 def _save(run: RunConfig, state: TrainingState, setup: TrainingSetup, plan: Plan) -> Path:
-    if _distributed(setup):
-        from trainwise.engine.parallel.distributed_checkpoint import save_distributed_checkpoint
+    """Save a checkpoint; a write that fails (disk full, no permission, read back wrong)
+    ends the run with WriteFailed naming the checkpoint left intact."""
+    try:
+        if _distributed(setup):
+            from trainwise.engine.parallel.distributed_checkpoint import save_distributed_checkpoint
 
-        return save_distributed_checkpoint(run.output, state, setup=setup, plan=plan, run=run)
-    return save_checkpoint(run.output, state, model=setup.model, optimizer=setup.optimizer,
-                           scheduler=setup.scheduler, scaler=setup.scaler, plan=plan, run=run)
+            return save_distributed_checkpoint(run.output, state, setup=setup, plan=plan, run=run)
+        return save_checkpoint(run.output, state, model=setup.model, optimizer=setup.optimizer,
+                               scheduler=setup.scheduler, scaler=setup.scaler, plan=plan, run=run)
+    except (OSError, DamagedCheckpoint, RuntimeError) as err:
+        if isinstance(err, RuntimeError) and "PytorchStreamWriter" not in str(err):
+            raise  # torch's file writer reports a failed write as a RuntimeError; other ones are not ours
+        raise WriteFailed(_save_failure(run.output, state.step, err)) from err
+
+
+def _save_failure(output, step: int, err: Exception) -> str:
+    reason = getattr(err, "strerror", None) or (str(err).strip().splitlines() or [type(err).__name__])[0]
+    previous = latest_checkpoint(output)
+    kept = (f"the previous checkpoint {previous.name} is intact" if previous is not None
+            else "no earlier checkpoint was there to keep")
+    return f"could not save checkpoint step-{step:08d} in {Path(output) / CHECKPOINTS}: {reason}; {kept}"
 
 
 def _live_tensors(setup: TrainingSetup):

@@ -20,3 +20,8 @@ class NotSupportedYet(InputError):
 class OutOfMemory(RuntimeError):
     """The device ran out of memory: exit code 3. The message says what was needed and
     which knob changes would fit (as far as the estimate knows)."""
+
+
+class WriteFailed(RuntimeError):
+    """A checkpoint or result file could not be written (disk full, no permission): exit
+    code 4. The message names what was kept intact."""

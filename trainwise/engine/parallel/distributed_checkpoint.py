@@ -9,7 +9,9 @@ Same place and crash safety as one-device checkpoints (engine/checkpoint.py):
                              -> one process): DCP reshards on load
         config.json          the model's config (for `trainwise export`)
         trainer_state.pt     scheduler, loss scaler, every rank's RNG states (rank 0 writes)
-        trainwise.json       step, data position, plan, layout, versions; written last
+        trainwise.json       step, data position, plan, layout, versions
+        manifest.json        every file's path, size and sha256 (rank 0, after every rank's
+                             shards are written); last
     OUTPUT/checkpoints/latest
 
 Rank 0 creates the hidden temporary directory, every rank writes its shards into it, and
@@ -38,13 +40,14 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_optimizer_state_dict)
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from trainwise.engine.checkpoint import (CHECKPOINTS, FORMAT, INFO_FILE, LATEST, STATE_FILE, TrainingState,
-                                         _check_plan, _complete, _prune, _versions)
+from trainwise.engine.checkpoint import (CHECKPOINTS, FORMAT, INFO_FILE, STATE_FILE, TrainingState, _check_plan,
+                                         _complete, _versions, finish_save)
+from trainwise.engine.checkpoint_manifest import write_manifest
 from trainwise.engine.checkpoint_rng import rng_states, set_rng_states
 from trainwise.engine.checkpoint_weights import unwrap
 from trainwise.engine.parallel.checkpoint_shapes import (fused_projections, to_checkpoint_shapes, to_model_shapes,
                                                         to_transformers_shapes)
-from trainwise.plan.atomic import atomic_directory, atomic_write_text
+from trainwise.plan.atomic import atomic_directory
 from trainwise.plan.errors import InputError
 
 DCP_FOLDER = "dcp"
@@ -57,6 +60,7 @@ def save_distributed_checkpoint(output, state: TrainingState, *, setup, plan, ru
     root = Path(output) / CHECKPOINTS
     path = root / f"step-{state.step:08d}"
     staging, tmp = None, None
+    saved_ns = time.time_ns()
     if distributed.is_main:
         staging = atomic_directory(path)
         tmp = staging.__enter__()
@@ -78,17 +82,18 @@ def save_distributed_checkpoint(output, state: TrainingState, *, setup, plan, ru
                     "plan": plan.to_dict(), "run": run.to_dict(), "world": distributed.world,
                     "data_parallel": distributed.layout.data_parallel,
                     "layout": distributed.layout.describe(), "versions": _versions(),
-                    "saved_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "saved_ns": time.time_ns()}
+                    "saved_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "saved_ns": saved_ns}
             (tmp / INFO_FILE).write_text(json.dumps(info, indent=2))
+        dist.barrier()  # every rank's shards are on disk
+        if staging is not None:
+            write_manifest(tmp, saved_ns)
     except BaseException as err:
         if staging is not None:
             staging.__exit__(type(err), err, err.__traceback__)
         raise
-    dist.barrier()  # every rank's shards are on disk
     if staging is not None:
         staging.__exit__(None, None, None)
-        atomic_write_text(root / LATEST, path.name + "\n")
-        _prune(root, keep, current=path)
+        finish_save(root, path, keep)
     dist.barrier()  # nobody goes on (or ends) before the checkpoint is in place
     return path
 

@@ -43,7 +43,8 @@ def launch_local(nproc: int, argv: list[str], run: RunConfig | None = None) -> i
     One worker failing ends the others (torchrun's agent stops the group) and its
     `trainwise: error: ...` line is on stderr, then one line naming the rank; the job's
     exit code is then 1. With `run.max_restarts` R, torchrun restarts the group up to R
-    times instead (see trainwise.engine.parallel.restarts)."""
+    times instead (see trainwise.engine.parallel.restarts). A stop signal reaches every
+    worker: they save at the same step and the code is 128 + the signal."""
     run = run or RunConfig()
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
                "--nproc-per-node", str(nproc), "--max-restarts", str(run.max_restarts),

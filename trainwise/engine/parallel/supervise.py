@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from trainwise.engine.checkpoint import latest_checkpoint
+from trainwise.engine.preemption import exit_code_after, relaying_stop_signals, start_relaying_child
 from trainwise.engine.parallel.restarts import JOB_STARTED, checkpoint_step, checkpoint_to_continue, restart_line
 from trainwise.engine.run_config import RunConfig
 
@@ -68,23 +69,25 @@ def latest_checkpoint_of(run: RunConfig) -> Path | None:
 
 
 def watch_job(command: list[str], env: dict, run: RunConfig) -> int:
-    """Run torchrun `command`; its exit code. Restarts and the failing rank are announced
-    on stderr, one line each."""
+    """Run torchrun `command`; its exit code (128 + a stop signal relayed to it, see
+    trainwise.engine.preemption). Restarts and the failing rank are announced on stderr,
+    one line each."""
     started_ns = time.time_ns()
     watcher = FailureWatcher(run, started_ns)
-    with subprocess.Popen(command, env={**env, JOB_STARTED: str(started_ns)}, stderr=subprocess.PIPE) as process:
+    with start_relaying_child(command, {**env, JOB_STARTED: str(started_ns)}, stderr=subprocess.PIPE) as process:
         relay = threading.Thread(target=_relay, args=(process.stderr, watcher), daemon=True)
         relay.start()
         try:
-            code = process.wait()
+            with relaying_stop_signals(process) as relayed:  # SIGTERM, SIGINT, SIGUSR1 reach every worker
+                code = process.wait()
         except BaseException:
             process.kill()  # as subprocess.run does when interrupted
             raise
         relay.join(timeout=_RELAY_DRAIN_S)
-    final = watcher.final_line() if code != 0 else None
+    final = watcher.final_line() if code != 0 and not relayed else None
     if final:
         print(final, file=sys.stderr, flush=True)
-    return code
+    return exit_code_after(code, relayed)
 
 
 def _relay(stream, watcher: FailureWatcher) -> None:
