@@ -1,0 +1,79 @@
+"""Results pages cannot drift: every page in docs/results/ names the command that writes
+it (a script in benchmarks/), the commit, the device and the versions; the memory page
+is rendered from rows files, launches merged by a script."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import provenance  # noqa: E402
+import render_memory  # noqa: E402
+
+PAGES = sorted((REPO / "docs" / "results").glob("*.md"))
+GiB = 1024**3
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_results_page_names_its_command_commit_device_and_versions(page):
+    found = provenance.parse(page.read_text())
+    missing = [key for key in provenance.REQUIRED_KEYS if key not in found]
+    assert not missing, f"{page.name}: no {', '.join(missing)} in its ## Provenance section"
+    command = re.match(r"`((?:python|bash) (benchmarks/\S+)[^`]*)`", found["command"])
+    assert command, f"{page.name}: the command must run a script in benchmarks/, got {found['command']}"
+    assert (REPO / command.group(2)).is_file(), f"{page.name}: {command.group(2)} does not exist"
+    assert re.search(r"\b[0-9a-f]{7,40}\b", found["commit"]), f"{page.name}: no commit hash"
+    versions = found["versions"].lower()
+    assert all(name in versions for name in provenance.VERSION_NAMES), f"{page.name}: versions {versions}"
+
+
+def _launch(path: Path, commit: str, rows: list[dict]) -> Path:
+    prov = {"command": "python benchmarks/validate_memory.py", "commit": f"{commit} (clean tree)",
+            "device": "GPU Test GPU (80.00 GiB) x 1", "versions": "python 3, torch 2, transformers 5, trainwise 0.1.0",
+            "date": "2026-01-01 00:00 UTC", "load_start": 0.1, "load_end": 0.2, "cores": 16}
+    path.write_text(json.dumps({"provenance": prov, "meta": {"gpu": "Test GPU"}, "rows": rows}))
+    return path
+
+
+def _row(name: str, predicted_gib: float, measured_gib: float | None) -> dict:
+    measured = ({"status": "ok", "peak_allocated": int(measured_gib * GiB)} if measured_gib
+                else {"status": "skipped", "reason": "needs bitsandbytes"})
+    predicted = {"status": "ok", "peak_allocated": int(predicted_gib * GiB)}
+    return {"name": name, "model": "tiny", "task": "causal-lm", "knobs": {"batch_size": 1},
+            "predicted": predicted, "measured": measured,
+            "error_pct": {"peak_allocated": render_memory.error_pct(predicted["peak_allocated"],
+                                                                    measured.get("peak_allocated"))}}
+
+
+def test_render_memory_merges_launches_and_a_later_row_replaces_an_earlier_one(tmp_path):
+    first = _launch(tmp_path / "one.json", "a" * 40, [_row("a", 2.0, 1.0), _row("b", 1.0, 1.0)])
+    second = _launch(tmp_path / "two.json", "b" * 40, [_row("a", 1.0, 1.0), _row("c", 1.0, None)])
+    out = tmp_path / "memory.md"
+
+    assert render_memory.main([str(first), str(second), "--out", str(out)]) == 0
+
+    text = out.read_text()
+    table = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert "| 2 |" in table["a"] and "+0.0 %" in table["a"]  # the re-run after a fix wins
+    assert "| 1 |" in table["b"]
+    assert "skipped: needs bitsandbytes" in table["c"]
+    assert "2 of 3 configurations measured." in text
+    found = provenance.parse(text)
+    assert found["command"].startswith("`python benchmarks/render_memory.py")
+    assert "a" * 40 in found["commit"] and "b" * 40 in found["commit"]
+    assert "one.json" in found["launch 1"] and "two.json" in found["launch 2"]
+
+
+def test_render_memory_refuses_a_file_that_is_not_a_rows_file(tmp_path):
+    bad = tmp_path / "rows.json"
+    bad.write_text(json.dumps([{"name": "a"}]))
+    with pytest.raises(SystemExit, match="not a rows file"):
+        render_memory.main([str(bad), "--out", str(tmp_path / "memory.md")])
+    assert not (tmp_path / "memory.md").exists()
