@@ -47,12 +47,15 @@ def finish(prov: dict) -> dict:
 
 
 def git_commit() -> str:
-    """'<full hash> (clean tree)' or '(dirty tree: ...)'; 'unknown' outside a checkout."""
+    """'<full hash> (clean tree)' or '(dirty tree: ...)'; outside a checkout, $RESULTS_COMMIT
+    or 'unknown'."""
     try:
         head = _git("rev-parse", "HEAD")
         changed = [line[3:] for line in _git("status", "--porcelain", strip=False).splitlines() if line.strip()]
     except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
+        # A copy without .git (e.g. sent to a GPU machine): the sender may name the commit.
+        named = os.environ.get("RESULTS_COMMIT")
+        return f"{named} (named by RESULTS_COMMIT; no git checkout here)" if named else "unknown (not a git checkout)"
     if not changed:
         return f"{head} (clean tree)"
     shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")

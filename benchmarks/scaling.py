@@ -180,6 +180,7 @@ def _run(name: str, nproc: int, model: str, knobs: dict, args, scratch: Path) ->
     timed = [e["step_time_s"] for e in steps[2:] if e.get("step_time_s")]
     return {**row, "status": "ok", "seconds_per_step": statistics.median(timed) if timed else None,
             "samples_per_s": summary.get("samples_per_s"), "peak_allocated_rank0": summary.get("peak_allocated"),
+            "peak_reserved_rank0": summary.get("peak_reserved"), "device_total_rank0": summary.get("device_total"),
             "final_loss": summary.get("final_loss")}
 
 
