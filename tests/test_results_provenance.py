@@ -77,3 +77,37 @@ def test_render_memory_refuses_a_file_that_is_not_a_rows_file(tmp_path):
     with pytest.raises(SystemExit, match="not a rows file"):
         render_memory.main([str(bad), "--out", str(tmp_path / "memory.md")])
     assert not (tmp_path / "memory.md").exists()
+
+
+def _vs_launch(steps: int, speeds: dict, finished: bool) -> dict:
+    prov = {"command": "python benchmarks/vs_hf_trainer.py", "commit": "c" * 40 + " (clean tree)",
+            "device": "CPU Test, 2 cores", "versions": "python 3, torch 2, transformers 5, trainwise 0.1.0",
+            "date": "2026-01-01 00:00 UTC", "load_start": 3.0, "load_end": 3.5, "cores": 2}
+    runs = [{"engine": e, "status": "ok", "samples_per_s": s, "peak_allocated": 1024**2}
+            for e, values in speeds.items() for s in values]
+    launch = {"case": "cpu", "model": "tiny-llama", "plan": {"batch_size": 8}, "steps": steps, "runs": runs,
+              "provenance": prov}
+    if finished:
+        launch["result"] = {"samples_per_s_ratio": 1.25, "peak_memory_ratio": 1.0,
+                            "peak_allocated_bytes": {"trainwise": 1024**2}, "mfu": {}}
+    return launch
+
+
+def test_render_vs_trainer_keeps_the_last_launch_of_a_case_and_shows_no_ratio_for_a_cut_one(tmp_path):
+    import render_vs_trainer
+
+    rows = tmp_path / "vs.json"
+    rows.write_text(json.dumps({"launches": [
+        _vs_launch(30, {"trainwise": [1.0], "hf-trainer": [1.0]}, True),
+        _vs_launch(30, {"trainwise": [10.0, 12.0, 11.0], "hf-trainer": [8.0, 9.0, 10.0]}, True),
+        _vs_launch(40, {"trainwise": [5.0], "hf-trainer": []}, False)]}))
+    out = tmp_path / "vs.md"
+
+    assert render_vs_trainer.main([str(rows), "--out", str(out)]) == 0
+
+    text = out.read_text()
+    table = [line for line in text.splitlines() if line.startswith("| ") and "launch" not in line]
+    assert len(table) == 2
+    assert "| 11.0 | 10.0, 12.0, 11.0 | 18 % | 9.0 |" in table[0] and "| 1.250 |" in table[0]
+    assert "No ratio for launch 2" in text
+    assert "busy" in provenance.parse(text)["launch 1"]
