@@ -111,3 +111,35 @@ def test_render_vs_trainer_keeps_the_last_launch_of_a_case_and_shows_no_ratio_fo
     assert "| 11.0 | 10.0, 12.0, 11.0 | 18 % | 9.0 |" in table[0] and "| 1.250 |" in table[0]
     assert "No ratio for launch 2" in text
     assert "busy" in provenance.parse(text)["launch 1"]
+
+
+def test_validate_memory_writes_its_rows_after_every_row_and_renders_the_page_from_them(tmp_path, monkeypatch):
+    import torch
+    import validate_memory
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(provenance, "device_description", lambda: "GPU Test GPU (80.00 GiB) x 1")
+    monkeypatch.setattr(validate_memory, "_metadata", lambda argv, device: {"gpu": "Test GPU", "trainwise_device": device})
+    monkeypatch.setattr(validate_memory, "_device_used_bytes", lambda: None)
+    monkeypatch.setattr(validate_memory, "predict", lambda config: {
+        "status": "ok", "peak_allocated": 2 * GiB, "peak_reserved": 3 * GiB, "device_total": 4 * GiB,
+        "device_name": "H100-80GB"})
+    seen = []
+
+    def measure(config, baseline):  # the rows file holds every earlier row when a row starts
+        rows_file = tmp_path / "rows.json"
+        seen.append(len(json.loads(rows_file.read_text())["rows"]) if rows_file.exists() else 0)
+        return {"status": "ok", "peak_allocated": 2 * GiB, "peak_reserved": 3 * GiB, "device_total": 4 * GiB}
+
+    monkeypatch.setattr(validate_memory, "measure", measure)
+    out, rows = tmp_path / "memory.md", tmp_path / "rows.json"
+
+    assert validate_memory.main(["--only", "^bert b4", "--out", str(out), "--rows", str(rows)]) == 0
+
+    launch = json.loads(rows.read_text())
+    names = [row["name"] for row in launch["rows"]]
+    assert seen == list(range(len(names))) and len(names) >= 4
+    assert launch["provenance"]["command"].startswith("python benchmarks/validate_memory.py --only")
+    found = provenance.parse(out.read_text())
+    assert found["command"] == f"`python benchmarks/render_memory.py {rows} --out {out}`"
+    assert f"{len(names)} of {len(names)} configurations measured." in out.read_text()
