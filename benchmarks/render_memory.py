@@ -32,7 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("rows", nargs="+", type=Path, help="rows files, oldest launch first")
     parser.add_argument("--out", type=Path, required=True, help="the Markdown page to write")
     args = parser.parse_args(argv)
-    launches = [load_launch(path) for path in args.rows]
+    try:
+        launches = [load_launch(path) for path in args.rows]
+    except ValueError as error:  # the page is left as it was
+        print(f"render_memory.py: error: {error}", file=sys.stderr)
+        return 2
     text = render_page(launches, provenance.script_command("render_memory.py", argv))
     provenance.add_repo_to_path()
     from trainwise.plan.atomic import atomic_write_text
@@ -44,9 +48,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def load_launch(path: Path) -> dict:
     """A rows file: {"provenance": {...}, "meta": {...}, "rows": [...]}, with its path."""
-    data = json.loads(Path(path).read_text())
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: cannot be read as JSON ({error})") from None
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list) or "provenance" not in data:
-        raise SystemExit(f"{path}: not a rows file of benchmarks/validate_memory.py (needs provenance and rows)")
+        raise ValueError(f"{path}: not a rows file of benchmarks/validate_memory.py (needs provenance and rows)")
     return {**data, "path": str(path)}
 
 

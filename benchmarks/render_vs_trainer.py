@@ -25,9 +25,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("rows", type=Path, help="the rows file of vs_hf_trainer.py --rows")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    data = json.loads(args.rows.read_text())
+    try:
+        data = json.loads(args.rows.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        print(f"render_vs_trainer.py: error: {args.rows}: cannot be read as JSON ({error})", file=sys.stderr)
+        return 2
     if not isinstance(data, dict) or not isinstance(data.get("launches"), list) or not data["launches"]:
-        raise SystemExit(f"{args.rows}: not a rows file of benchmarks/vs_hf_trainer.py (needs launches)")
+        print(f"render_vs_trainer.py: error: {args.rows}: not a rows file of benchmarks/vs_hf_trainer.py "
+              "(needs launches)", file=sys.stderr)
+        return 2
     text = render_page(latest(data["launches"]), provenance.script_command("render_vs_trainer.py", argv))
     provenance.add_repo_to_path()
     from trainwise.plan.atomic import atomic_write_text
