@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="default 8 (3 with --offload-demo)")
     parser.add_argument("--precision", default=None,
                         help="default: bf16 on a GPU (bf16-pure with --offload-demo), fp32 on a CPU")
-    parser.add_argument("--out", default="scaling-results")
+    parser.add_argument("--out", default=None,
+                        help="directory for results.json and results.md (default: scaling-results, none with --page)")
     parser.add_argument("--offload-demo", action="store_true",
                         help="one GPU: a model too large for plain training, then ZeRO-3 + CPU offload")
     parser.add_argument("--timeout", type=float, default=900.0)
@@ -104,11 +105,12 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
     prov = provenance.finish(prov)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "results.json", json.dumps({"provenance": prov, "rows": rows}, indent=2))
     title = f"Parallel layouts: {model} on {device}"
-    atomic_write_text(out / "results.md", provenance.page(title, prov, _markdown(rows, args)))
+    if args.out or not args.page:
+        out = Path(args.out or "scaling-results")
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "results.json", json.dumps({"provenance": prov, "rows": rows}, indent=2))
+        atomic_write_text(out / "results.md", provenance.page(title, prov, _markdown(rows, args)))
     if args.page:
         atomic_write_text(args.page, provenance.page(title, prov, _markdown(rows, args)))
     return 0
@@ -186,7 +188,7 @@ def _run(name: str, nproc: int, model: str, knobs: dict, args, scratch: Path) ->
 
 def _markdown(rows: list[dict], args) -> str:
     lines = [f"Micro-batch {args.batch_size} x {args.seq_len} per data-parallel rank, {args.steps} steps, "
-             f"synthetic data, each layout launched {args.repeats} times (fresh processes). s/step: each launch's "
+             f"synthetic data, each layout launched {args.repeats} time(s) (fresh processes). s/step: each launch's "
              "median over the steps after two warm-up steps, then the median over the launches; spread = "
              "(max - min) / median over the launches. samples/s, memory (rank 0's peak allocated) and the "
              "final loss are the median launch's. Predicted is `trainwise estimate` for rank 0.", "",
