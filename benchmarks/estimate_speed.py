@@ -2,10 +2,12 @@
 
 Prints one JSON line for the import, one for the warm-up call (a tiny model: it pays for
 the lazy imports of transformers' model code) and one per case, each with the seconds
-taken and the machine's CPU count. Last, what a user waits for: the command line from a
-cold start (`trainwise estimate bert-large-uncased ...` in a fresh process, Python start,
-torch and transformers imports included), reported next to the in-process figure. Targets on 2 cores: bert-large-uncased batch 4 x 512
-under 5 s, Llama-3.1-70B batch 1 x 4096 bf16 under 30 s.
+taken (median and spread over --repeat calls), the machine's CPU count and its 1-minute
+load average at the start (the last line also at the end). Last, what a user waits for:
+the command line from a cold start (`trainwise estimate bert-large-uncased ...` in a fresh
+process, Python start, torch and transformers imports included), next to the in-process
+figure. Targets on 2 cores: bert-large-uncased batch 4 x 512 under 5 s, Llama-3.1-70B
+batch 1 x 4096 bf16 under 30 s.
 
     python benchmarks/estimate_speed.py [--repeat N] [--device A100-80GB]
 
@@ -58,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="timed calls per case (median reported)")
     parser.add_argument("--device", default="A100-80GB", help="target device of the estimates")
     args = parser.parse_args(argv)
-    common = {"cpus": cpu_count(), "torch_threads": _torch_threads(), "python": sys.version.split()[0]}
+    # The 1-minute load average at the start: above the CPU count, other work shared the machine.
+    common = {"cpus": cpu_count(), "torch_threads": _torch_threads(), "python": sys.version.split()[0],
+              "load_at_start": _load()}
     print(json.dumps({"case": "import trainwise.api", "seconds": round(IMPORT_S, 3), **common}), flush=True)
     warm_s, _ = timed_estimate("tiny-llama", {"batch_size": 2, "seq_len": 64}, args.device)
     print(json.dumps({"case": "warm-up (tiny-llama)", "seconds": round(warm_s, 3), **common}), flush=True)
@@ -73,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         all_met &= met
         print(json.dumps({
             "case": name, "model": model, "plan": {**knobs, "device": args.device},
-            "seconds": round(median, 3), "runs": [round(r, 3) for r in runs], "target_s": target,
+            "seconds": round(median, 3), "runs": [round(r, 3) for r in runs],
+            "spread_pct": round((max(runs) - min(runs)) / median * 100, 1), "target_s": target,
             "meets_target": met, "traced_blocks": result.traced_blocks, "total_blocks": result.total_blocks,
             "peak_allocated_gib": round(result.memory.peak_allocated / 1024**3, 2), **common,
         }), flush=True)
@@ -81,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"case": "cold CLI: trainwise estimate bert-large-uncased --batch-size 4 --seq-len 512",
                       "seconds": round(statistics.median(cold), 3), "runs": [round(r, 3) for r in cold],
                       "includes": "Python start-up, torch and transformers imports, BERT model code import",
-                      **common}), flush=True)
+                      **common, "load_at_end": _load()}), flush=True)
     return 0 if all_met else 1
 
 
@@ -96,6 +101,13 @@ def _cold_cli_seconds(device: str, repeat: int) -> list[float]:
         subprocess.run(command, check=True, capture_output=True)
         runs.append(time.perf_counter() - started)
     return runs
+
+
+def _load() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 def _torch_threads() -> int:

@@ -8,6 +8,12 @@
 # and results under DIR. Uses the python3 on PATH (set PYTHON to choose another); runs
 # from a checkout without installing it (PYTHONPATH), so a machine without package
 # registries works if torch, transformers, peft, rich, pyyaml and nvidia-ml-py are there.
+#
+# Results pages are rendered from what a stage writes, never edited by hand: commit
+# DIR/memory-rows.json as docs/results/rows/memory-<gpu>-<n>.json and run
+# `python benchmarks/render_memory.py docs/results/rows/memory-<gpu>-*.json --out docs/results/memory-<gpu>.md`
+# (launches merge, the newest row of a configuration wins); DIR/offload/results.md and
+# the vs-trainer rows files carry their provenance the same way.
 set -u
 out=${1:?usage: gpu_validation.sh DIR STAGE...}
 shift
@@ -36,11 +42,11 @@ for name in "$@"; do
       stage smoke-train "${LIMIT_SMOKE:-120}" $py -m trainwise train tiny-llama --device cuda --precision bf16 --steps 5 --data synthetic --out "$out/smoke-run"
       ;;
     memory)
-      stage memory "${LIMIT_MEMORY:-330}" $py benchmarks/validate_memory.py --out "$out/memory.md" ${MEMORY_ONLY:+--only "$MEMORY_ONLY"}
+      stage memory "${LIMIT_MEMORY:-330}" $py benchmarks/validate_memory.py --out "$out/memory.md" --rows "$out/memory-rows.json" ${MEMORY_ONLY:+--only "$MEMORY_ONLY"}
       ;;
     vs-trainer)
-      stage vs-trainer-bert-large "${LIMIT_VS_BERT:-120}" $py benchmarks/vs_hf_trainer.py --case bert-large --repeats 2 --steps 30
-      stage vs-trainer-llama-1b "${LIMIT_VS_LLAMA:-170}" $py benchmarks/vs_hf_trainer.py --case llama-1b --repeats 2 --steps 20
+      stage vs-trainer-bert-large "${LIMIT_VS_BERT:-120}" $py benchmarks/vs_hf_trainer.py --case bert-large --repeats 2 --steps 30 --rows "$out/vs-trainer-rows.json"
+      stage vs-trainer-llama-1b "${LIMIT_VS_LLAMA:-170}" $py benchmarks/vs_hf_trainer.py --case llama-1b --repeats 2 --steps 20 --rows "$out/vs-trainer-rows.json"
       ;;
     offload)
       stage offload "${LIMIT_OFFLOAD:-300}" $py benchmarks/scaling.py --offload-demo --out "$out/offload" --timeout 280 --debug

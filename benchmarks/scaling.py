@@ -8,32 +8,38 @@ cost against one process, not a speed-up. On GPUs each rank has its own device.
     python benchmarks/scaling.py                        # tiny-llama, 2 and 4 CPU processes
     python benchmarks/scaling.py --model tiny-llama --nproc 4 --steps 8 --out scaling-results
     python benchmarks/scaling.py --offload-demo         # one GPU: ZeRO-3 + CPU offload vs plain
+    python benchmarks/scaling.py --page docs/results/scaling-cpu.md   # the committed CPU page
 
 The offload demo's defaults (Llama-3.1-8B, bf16-pure, batch 4 x 2048, 3 steps) are sized for
 an 80 GB GPU with >= 96 GiB of host memory: the estimate says the plain step peaks at ~106 GiB
 allocated, the offloaded one at ~63 GiB plus ~60 GiB of host memory for the offloaded
 states (docs/results/offload-H100.md). Pass --model/--batch-size/--seq-len for another GPU.
 
-Writes `results.json` and `results.md` in --out (atomically) and prints one JSON line per
-layout: status, seconds per step (measured, median of the timed steps), samples/s and
-rank 0's measured peak allocated, next to the estimate for rank 0 where it can be made.
+Writes `results.json` and `results.md` in --out (atomically), and with --page the same
+table with its provenance (command, commit, device, versions, machine load) to that file.
+Prints one JSON line per layout: status, seconds per step (measured: the median over
+--repeats launches of each launch's median timed step, with the spread over the launches),
+samples/s and rank 0's measured peak allocated, next to the estimate for rank 0 where it
+can be made. results.json carries the provenance too, so a page can be rendered from it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+import provenance
 import torch
 
-from trainwise.plan.atomic import atomic_write_text
-from trainwise.plan.units import human_bytes
+provenance.add_repo_to_path()
+
+from trainwise.plan.atomic import atomic_write_text  # noqa: E402
+from trainwise.plan.units import human_bytes  # noqa: E402
 
 # (name, processes, layout knobs). Processes are capped by --nproc.
 LAYOUTS = (
@@ -55,6 +61,7 @@ LAYOUTS = (
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="default: tiny-llama (Llama-3.1-8B with --offload-demo)")
     parser.add_argument("--nproc", type=int, default=None, help="most processes per layout (default: GPUs, or 4)")
@@ -64,10 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="default 8 (3 with --offload-demo)")
     parser.add_argument("--precision", default=None,
                         help="default: bf16 on a GPU (bf16-pure with --offload-demo), fp32 on a CPU")
-    parser.add_argument("--out", default="scaling-results")
+    parser.add_argument("--out", default=None,
+                        help="directory for results.json and results.md (default: scaling-results, none with --page)")
     parser.add_argument("--offload-demo", action="store_true",
                         help="one GPU: a model too large for plain training, then ZeRO-3 + CPU offload")
     parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--repeats", type=int, default=3, help="launches per layout (median and spread over them)")
+    parser.add_argument("--page", type=Path, default=None,
+                        help="also write the table with its provenance here (e.g. docs/results/scaling-cpu.md)")
     parser.add_argument("--debug", action="store_true", help="pass --debug to each run (tracebacks in its log)")
     args = parser.parse_args(argv)
     gpus = torch.cuda.device_count()
@@ -83,20 +94,41 @@ def main(argv: list[str] | None = None) -> int:
     args.steps = args.steps or (3 if demo else 8)
     precision = args.precision or (("bf16-pure" if demo else "bf16") if gpus else "fp32")
     layouts = _offload_demo() if demo else [l for l in LAYOUTS if l[1] <= most]
+    prov = provenance.collect(provenance.script_command("scaling.py", argv))
     rows = []
     with tempfile.TemporaryDirectory(prefix="scaling-") as scratch:
         for name, nproc, layout in layouts:
             knobs = {"device": device, "precision": precision, "batch_size": args.batch_size,
                      "seq_len": args.seq_len, **layout}
-            row = _run(name, nproc, model, knobs, args, Path(scratch))
+            row = _repeated(name, nproc, model, knobs, args, Path(scratch))
             row["predicted_peak_allocated_rank0"] = _predicted_peak(model, {**knobs, "nproc": nproc})
             rows.append(row)
             print(json.dumps(row), flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "results.json", json.dumps(rows, indent=2))
-    atomic_write_text(out / "results.md", _markdown(rows, model, device, args))
+    prov = provenance.finish(prov)
+    title = f"Parallel layouts: {model} on {device}"
+    if args.out or not args.page:
+        out = Path(args.out or "scaling-results")
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "results.json", json.dumps({"provenance": prov, "rows": rows}, indent=2))
+        atomic_write_text(out / "results.md", provenance.page(title, prov, _markdown(rows, args)))
+    if args.page:
+        atomic_write_text(args.page, provenance.page(title, prov, _markdown(rows, args)))
     return 0
+
+
+def _repeated(name: str, nproc: int, model: str, knobs: dict, args, scratch: Path) -> dict:
+    """`args.repeats` launches of one layout: the median launch's row (by s/step), with
+    every launch's s/step under "repeats_seconds_per_step". A failed launch ends the layout."""
+    runs = []
+    for _ in range(max(args.repeats, 1)):
+        runs.append(_run(name, nproc, model, knobs, args, scratch))
+        if runs[-1]["status"] != "ok":
+            break
+    timed = sorted((r for r in runs if r.get("seconds_per_step")), key=lambda r: r["seconds_per_step"])
+    chosen = timed[(len(timed) - 1) // 2] if timed and runs[-1]["status"] == "ok" else runs[-1]
+    times = [r.get("seconds_per_step") for r in runs]
+    median = statistics.median([t for t in times if t]) if timed and chosen["status"] == "ok" else None
+    return {**chosen, "seconds_per_step": median, "repeats_seconds_per_step": times}
 
 
 def _offload_demo():
@@ -150,25 +182,50 @@ def _run(name: str, nproc: int, model: str, knobs: dict, args, scratch: Path) ->
     timed = [e["step_time_s"] for e in steps[2:] if e.get("step_time_s")]
     return {**row, "status": "ok", "seconds_per_step": statistics.median(timed) if timed else None,
             "samples_per_s": summary.get("samples_per_s"), "peak_allocated_rank0": summary.get("peak_allocated"),
+            "peak_reserved_rank0": summary.get("peak_reserved"), "device_total_rank0": summary.get("device_total"),
             "final_loss": summary.get("final_loss")}
 
 
-def _markdown(rows: list[dict], model: str, device: str, args) -> str:
-    lines = [f"# Parallel layouts: {model} on {device}", "",
-             f"Versions: torch {torch.__version__}, Python {platform.python_version()}; {platform.platform()}.",
-             f"Micro-batch {args.batch_size} x {args.seq_len} per data-parallel rank, {args.steps} steps, "
-             "synthetic data. Seconds per step and memory are measured (median of the steps after two warm-up "
-             "steps; memory is rank 0's peak allocated); predicted is `trainwise estimate` for rank 0.", "",
-             "| layout | processes | status | s/step | samples/s | peak allocated rank 0 | predicted | error | final loss |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+def _markdown(rows: list[dict], args) -> str:
+    lines = [f"Micro-batch {args.batch_size} x {args.seq_len} per data-parallel rank, {args.steps} steps, "
+             f"synthetic data, each layout launched {args.repeats} time(s) (fresh processes). s/step: each launch's "
+             "median over the steps after two warm-up steps, then the median over the launches; spread = "
+             "(max - min) / median over the launches. samples/s, memory (rank 0's peak allocated) and the "
+             "final loss are the median launch's. Predicted is `trainwise estimate` for rank 0.", "",
+             "| layout | processes | status | s/step | spread | launches (s/step) | samples/s "
+             "| peak allocated rank 0 | predicted | error | final loss |",
+             "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         status = r["status"] + (f": {r.get('reason')}" if r["status"] != "ok" else "")
         lines.append("| " + " | ".join([
             r["layout"], str(r["nproc"]), status.replace("|", "/"), _fmt(r.get("seconds_per_step"), ".3f"),
+            _spread(r.get("repeats_seconds_per_step")),
+            ", ".join(_fmt(s, ".3f") for s in r.get("repeats_seconds_per_step") or []),
             _fmt(r.get("samples_per_s"), ".1f"), _bytes(r.get("peak_allocated_rank0")),
             _bytes(r.get("predicted_peak_allocated_rank0")), _error(r), _fmt(r.get("final_loss"), ".4f")]) + " |")
     lines += ["", "Commands (M: the metrics file):", ""] + [f"- {r['layout']}: `{r['command']}`" for r in rows]
+    if rows and all(r["nproc"] > 0 for r in rows) and "cpu" in rows[0]["command"]:
+        lines += ["", READING_ON_CPU]
     return "\n".join(lines) + "\n"
+
+
+# What the CPU table can and cannot say, whatever its figures.
+READING_ON_CPU = """How to read it on a CPU: the processes share the machine's cores and talk over gloo, so a
+parallel layout's step is slower than one process's: the times show each layout's cost in
+communication and scheduling on top of the same arithmetic, not a speed-up. Memory is
+rank 0's peak allocated from the CPU probe (PyTorch profiler allocation events over the
+last step plus the tensors alive at its start), which does not see memory held in C++ from
+before the profiled step (DDP's gradient buckets, the pipeline's receive buffers); under
+CPU offload "device" and "host" are the same memory, so the measured peak includes the
+states the estimate counts as host memory. Rank-0 model states are checked to the byte for
+every layout in tests/test_parallel_engine.py."""
+
+
+def _spread(values) -> str:
+    values = [v for v in values or [] if v]
+    if len(values) < 2:
+        return "n/a"
+    return f"{(max(values) - min(values)) / statistics.median(values) * 100:.0f} %"
 
 
 def _error(row: dict) -> str:

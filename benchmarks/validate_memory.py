@@ -8,7 +8,10 @@ two full optimizer steps. It reports `torch.cuda.max_memory_allocated()`,
 nvidia-smi shows). The prediction, `trainwise.api.estimate` for device "cuda" (the GPU
 detected here), is made in the parent process, which never touches the GPU.
 
-Writes a Markdown table to docs/results/memory-<gpu>.md (or --out), atomically.
+Writes each row, with the launch's provenance, to a rows file as it goes (--rows; default
+docs/results/rows/memory-<gpu>-<UTC time>.json), and at the end renders the Markdown page
+docs/results/memory-<gpu>.md (or --out) from it with benchmarks/render_memory.py, which
+also merges the rows files of several launches into one page.
 
     python benchmarks/validate_memory.py            # the full matrix (>= 20 configurations)
     python benchmarks/validate_memory.py --quick    # 5 configurations
@@ -26,7 +29,6 @@ import os
 import platform
 import re
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,12 +36,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # runnable as a plain script from a checkout
-    sys.path.insert(0, str(REPO))
+import provenance  # noqa: E402  (benchmarks/, next to this script)
+from render_memory import error_pct, render_page, summarize  # noqa: E402
 
-TARGET_MEDIAN_PCT = 3.0
-TARGET_MAX_PCT = 8.0
+REPO = provenance.REPO
+provenance.add_repo_to_path()  # runnable as a plain script from a checkout
+
 CHILD_TIMEOUT_S = 1800
 GiB = 1024**3
 
@@ -310,93 +312,6 @@ def _device_used_bytes() -> int | None:
         return None
 
 
-def error_pct(predicted: int | None, measured: int | None) -> float | None:
-    if not predicted or not measured:
-        return None
-    return (predicted - measured) / measured * 100.0
-
-
-def summarize(rows: list[dict]) -> dict:
-    """Median and max |error| per figure over the rows where both sides are known."""
-    summary = {}
-    for key in ("peak_allocated", "peak_reserved", "device_total"):
-        errors = [abs(row["error_pct"][key]) for row in rows if row["error_pct"].get(key) is not None]
-        summary[key] = {"n": len(errors), "median": statistics.median(errors) if errors else None,
-                        "max": max(errors) if errors else None}
-    alloc = summary["peak_allocated"]
-    summary["meets_target"] = (alloc["n"] > 0 and alloc["median"] <= TARGET_MEDIAN_PCT
-                               and alloc["max"] <= TARGET_MAX_PCT)
-    return summary
-
-
-def render_markdown(rows: list[dict], meta: dict) -> str:
-    def gib(value):
-        return "-" if value is None else f"{value / GiB:.2f}"
-
-    def pct(value):
-        return "-" if value is None else f"{value:+.1f} %"
-
-    summary = summarize(rows)
-    alloc = summary["peak_allocated"]
-    lines = [
-        f"# Memory estimates vs measurements on {meta['gpu']}",
-        "",
-        f"Measured {meta['date']} with `{meta['command']}`.",
-        "",
-        f"- GPU: {meta['gpu']} ({meta['gpu_memory_gib']:.1f} GiB), driver {meta['driver']}",
-        f"- trainwise device: {meta['trainwise_device']}",
-        f"- torch {meta['torch']}, CUDA {meta['cuda']}, transformers {meta['transformers']}, "
-        f"peft {meta['peft']}, bitsandbytes {meta['bitsandbytes']}, Python {meta['python']}",
-        "- Each row: a fresh process builds the model (random weights), creates the optimizer state, "
-        "resets the peak statistics and runs 2 optimizer steps. Measured: `torch.cuda.max_memory_allocated()`, "
-        "`torch.cuda.max_memory_reserved()`, and the process's GPU memory from NVML (what nvidia-smi shows). "
-        "Predicted: `trainwise.api.estimate(..., device=\"cuda\")`. Sizes in GiB; error = (predicted - measured) / measured.",
-        "",
-        "| config | plan | status | predicted peak alloc | measured | error | predicted reserved | measured | error "
-        "| predicted device total | NVML | error |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for row in rows:
-        p, m, e = row["predicted"], row["measured"], row["error_pct"]
-        status = m.get("status", "?") if p.get("status") == "ok" else f"estimate {p.get('status')}"
-        if status != "ok" and (m.get("reason") or p.get("reason")):
-            status += f": {(m.get('reason') or p.get('reason'))[:80]}"
-        knobs = ", ".join(f"{k}={v}" for k, v in row["knobs"].items())
-        lines.append(
-            f"| {row['name']} | {row['model']} {knobs} | {status} "
-            f"| {gib(p.get('peak_allocated'))} | {gib(m.get('peak_allocated'))} | {pct(e.get('peak_allocated'))} "
-            f"| {gib(p.get('peak_reserved'))} | {gib(m.get('peak_reserved'))} | {pct(e.get('peak_reserved'))} "
-            f"| {gib(p.get('device_total'))} | {gib(m.get('device_total'))} | {pct(e.get('device_total'))} |")
-    lines += ["", "## Summary", ""]
-    if alloc["n"]:
-        verdict = "meets" if summary["meets_target"] else "MISSES"
-        lines.append(f"Peak allocated, |error| over {alloc['n']} measured rows: median {alloc['median']:.1f} %, "
-                     f"max {alloc['max']:.1f} % ({verdict} the target: median <= {TARGET_MEDIAN_PCT:g} %, "
-                     f"max <= {TARGET_MAX_PCT:g} %).")
-    else:
-        lines.append("No row was measured.")
-    for key, label in (("peak_reserved", "Peak reserved"), ("device_total", "Device total (NVML)")):
-        s = summary[key]
-        if s["n"]:
-            lines.append(f"{label}, |error| over {s['n']} rows: median {s['median']:.1f} %, max {s['max']:.1f} %.")
-    nvml_sources = sorted({row["measured"].get("nvml_source") for row in rows if row["measured"].get("nvml_source")})
-    if nvml_sources:
-        lines.append(f"NVML figures from: {'; '.join(nvml_sources)}.")
-    return "\n".join(lines) + "\n"
-
-
-def write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "-", name).strip("-") or "gpu"
 
@@ -456,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help=f"run {len(QUICK)} configurations instead of {len(MATRIX)}")
     parser.add_argument("--out", type=Path, help="Markdown file to write (default docs/results/memory-<gpu>.md)")
+    parser.add_argument("--rows", type=Path,
+                        help="rows file to write as rows finish (default docs/results/rows/memory-<gpu>-<time>.json)")
     parser.add_argument("--only", help="regular expression: run only configurations whose name matches")
     parser.add_argument("--list", action="store_true", help="print the configurations and exit")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -473,12 +390,18 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("skipped: no CUDA GPU")
         return 0
+    from trainwise.plan.atomic import atomic_write_text
+
+    command = provenance.script_command("validate_memory.py", argv)
+    prov = provenance.collect(command)
+    meta = _metadata(argv, "cuda")
+    stamp = prov["date"].replace(" ", "-").replace(":", "")
+    rows_file = args.rows or REPO / "docs" / "results" / "rows" / f"memory-{_slug(meta['gpu'])}-{stamp}.json"
     rows = []
     baseline_used = _device_used_bytes()
-    device_name = None
     for index, config in enumerate(configs, 1):
         predicted = predict(config)
-        device_name = device_name or predicted.get("device_name")
+        meta["trainwise_device"] = predicted.get("device_name", meta["trainwise_device"])
         measured = measure(config, baseline_used)
         row = {"name": config.name, "model": config.model, "task": config.task, "knobs": config.knobs,
                "predicted": predicted, "measured": measured,
@@ -486,17 +409,19 @@ def main(argv: list[str] | None = None) -> int:
                              for key in ("peak_allocated", "peak_reserved", "device_total")}}
         rows.append(row)
         print(json.dumps({"row": index, "of": len(configs), **row}), flush=True)
-    meta = _metadata(argv, device_name or "cuda")
+        # After every row: a launch stopped by a time limit keeps what it measured.
+        launch = {"provenance": provenance.finish(prov), "meta": meta, "rows": rows}
+        atomic_write_text(rows_file, json.dumps(launch, indent=1) + "\n")
     out = args.out or REPO / "docs" / "results" / f"memory-{_slug(meta['gpu'])}.md"
-    write_atomically(out, render_markdown(rows, meta))
+    render = provenance.script_command("render_memory.py", [str(rows_file), "--out", str(out)])
+    atomic_write_text(out, render_page([{**launch, "path": str(rows_file)}], render))
     summary = summarize(rows)["peak_allocated"]
     if summary["n"]:
         print(f"peak allocated |error|: median {summary['median']:.1f} %, max {summary['max']:.1f} % "
-              f"over {summary['n']} rows; wrote {out}")
+              f"over {summary['n']} rows; wrote {rows_file} and {out}")
     else:
-        print(f"no row measured; wrote {out}")
+        print(f"no row measured; wrote {rows_file} and {out}")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

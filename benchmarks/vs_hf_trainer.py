@@ -8,6 +8,10 @@ ratios are of medians over the repeats, measured side by side in this one launch
     python benchmarks/vs_hf_trainer.py --case bert-large     # a named case (GPU)
     python benchmarks/vs_hf_trainer.py tiny-llama --batch-size 8 --seq-len 256 --steps 30
 
+With --rows FILE the launch's result, its runs and its provenance (command, commit,
+device, versions, machine load) are appended to FILE (JSON), from which
+benchmarks/render_vs_trainer.py renders docs/results/vs-hf-trainer-<device>.md.
+
 Prints one JSON line per run and a last line with `samples_per_s_ratio` (trainwise /
 Trainer, > 1 means trainwise is faster) and `peak_memory_ratio` (trainwise / Trainer peak
 allocated, < 1 means trainwise needs less). Exits 1 when trainwise is slower than the
@@ -25,12 +29,16 @@ import sys
 import tempfile
 from pathlib import Path
 
+import provenance
 import torch
 import transformers
 
+provenance.add_repo_to_path()
+
 from trainwise.bench.runner import RowJob, run_row
-from trainwise.cli.flags import add_knob_flags, plan_from_args, typed_values
-from trainwise.plan.plan import Plan
+from trainwise.cli.flags import add_knob_flags, plan_from_args, typed_values  # noqa: E402
+from trainwise.plan.atomic import atomic_write_text  # noqa: E402
+from trainwise.plan.plan import Plan  # noqa: E402
 
 # Named cases: (model, knobs). The GPU ones are the issue's: bert-large-uncased at seq 512
 # (the classic single-GPU example) and a ~1B Llama-style decoder in bf16.
@@ -46,6 +54,7 @@ EQUAL_MEMORY = 1.01
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", default=None, help="catalog model (default: the case's)")
     parser.add_argument("--case", choices=sorted(CASES), default=None,
@@ -54,8 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3, help="steps per run left out of the timing")
     parser.add_argument("--repeats", type=int, default=2, help="runs per engine (alternated)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
+    parser.add_argument("--rows", type=Path, default=None, help="append this launch's result to this JSON file")
     add_knob_flags(parser)
     args = parser.parse_args(argv)
+    prov = provenance.collect(provenance.script_command("vs_hf_trainer.py", argv))
     case = args.case or ("bert-large" if torch.cuda.is_available() else "cpu")
     model, case_knobs = CASES[case]
     typed = plan_from_args(args)  # validates the typed flags
@@ -63,19 +74,26 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model or model
 
     runs: dict[str, list[dict]] = {engine: [] for engine in ENGINES}
+    launch = {"case": case, "model": model, "plan": plan.changed_knobs(), "steps": args.steps, "runs": []}
+    earlier = _launches(args.rows) if args.rows else []
     with tempfile.TemporaryDirectory(prefix="vs-hf-trainer-") as scratch:
         for engine in _alternating(args.repeats):
             job = RowJob(engine, plan, engine, model, args.steps, args.warmup, 0, None,
                          Path(scratch), args.timeout)
             row = run_row(job)
             runs[engine].append(row)
-            print(json.dumps({"engine": engine, "status": row["status"], "reason": row.get("reason"),
-                              "samples_per_s": row.get("samples_per_s"), "mfu": row.get("mfu"),
-                              "peak_allocated": row["measured"].get("peak_allocated")}), flush=True)
+            line = {"engine": engine, "status": row["status"], "reason": row.get("reason"),
+                    "samples_per_s": row.get("samples_per_s"), "mfu": row.get("mfu"),
+                    "peak_allocated": row["measured"].get("peak_allocated")}
+            print(json.dumps(line), flush=True)
+            launch["runs"].append(line)
+            if args.rows:  # after every run: a launch cut by a time limit keeps its runs
+                _save_launch(args.rows, earlier, {**launch, "provenance": provenance.finish(prov)})
     failed = [r for rows in runs.values() for r in rows if r["status"] != "ok"]
     if failed:
         print(json.dumps({"error": f"{failed[0]['engine']}: {failed[0]['status']}: {failed[0].get('reason')}"}))
         return 1
+    prov = provenance.finish(prov)
     speed = {e: statistics.median(r["samples_per_s"] for r in runs[e]) for e in ENGINES}
     memory = {e: statistics.median(r["measured"]["peak_allocated"] for r in runs[e]) for e in ENGINES}
     mfu = {e: _median_or_none([r.get("mfu") for r in runs[e]]) for e in ENGINES}
@@ -91,7 +109,19 @@ def main(argv: list[str] | None = None) -> int:
         else platform.processor() or "cpu",
     }
     print(json.dumps(result))
+    if args.rows:
+        _save_launch(args.rows, earlier, {**launch, "provenance": prov, "result": result})
     return 0 if result["samples_per_s_ratio"] >= 1.0 and result["peak_memory_ratio"] <= EQUAL_MEMORY else 1
+
+
+def _launches(path: Path) -> list[dict]:
+    """The launches already in a rows file (none when it does not exist yet)."""
+    return json.loads(path.read_text())["launches"] if path.exists() else []
+
+
+def _save_launch(path: Path, earlier: list[dict], launch: dict) -> None:
+    """The rows file: the launches that were there, then this one as it stands."""
+    atomic_write_text(path, json.dumps({"launches": [*earlier, launch]}, indent=1) + "\n")
 
 
 def _alternating(repeats: int) -> list[str]:

@@ -1,0 +1,119 @@
+"""docs/results/bench-<device>.md and .png: `trainwise bench` run several times, each row's
+median and spread over the repeats, with the page's provenance.
+
+    python benchmarks/bench_page.py                 # CPU: quick ladder, 20 steps, 3 repeats
+    python benchmarks/bench_page.py --repeats 5 --page /tmp/bench.md
+
+Each repeat is a whole `trainwise bench` ladder (every row a fresh process, trainwise and
+the Trainer one after the other), so a slow spell of a shared machine hits both engines
+of a rung alike. The table shows the median run of each row (by samples/s) with the
+spread of samples/s over the repeats; "vs HF Trainer" is the ratio of the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import provenance
+
+provenance.add_repo_to_path()
+
+from trainwise.plan.atomic import atomic_write_text  # noqa: E402
+from trainwise.plan.units import human_bytes  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ladder", default="quick")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=3, help="whole ladders run (median and spread over them)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--page", type=Path, default=None, help="default: docs/results/bench-<device>.md")
+    args = parser.parse_args(argv)
+    from trainwise.api.benchmark import bench
+    from trainwise.bench.chart import save_chart
+
+    page = args.page or provenance.REPO / "docs" / "results" / f"bench-{args.device}.md"
+    prov = provenance.collect(provenance.script_command("bench_page.py", argv))
+    runs: list[list[dict]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-page-") as scratch:
+        for index in range(args.repeats):
+            runs.append(bench(None, args.ladder, steps=args.steps, out=Path(scratch) / f"run-{index}",
+                              device=args.device))
+            print(f"repeat {index + 1} of {args.repeats} done", flush=True)
+    prov = provenance.finish(prov)
+    rows = median_rows(runs)
+    chart = page.with_suffix(".png")
+    save_chart(rows, chart, f"{rows[0].get('model')}: {args.ladder} ladder, {args.steps} steps per row, "
+                            f"median of {args.repeats} repeats on {args.device}")
+    atomic_write_text(page, provenance.page(f"bench on {args.device}", prov, render(rows, args, chart.name)))
+    print(f"wrote {page} and {chart}")
+    return 0
+
+
+def median_rows(runs: list[list[dict]]) -> list[dict]:
+    """Per (row, engine): the run with the median samples/s, with every repeat's samples/s
+    under "repeats_samples_per_s" (failed runs count as missing figures)."""
+    order = list(dict.fromkeys((r["name"], r["engine"]) for run in runs for r in run))
+    rows = []
+    for key in order:
+        same = [r for run in runs for r in run if (r["name"], r["engine"]) == key]
+        timed = sorted((r for r in same if r.get("samples_per_s")), key=lambda r: r["samples_per_s"])
+        chosen = timed[(len(timed) - 1) // 2] if timed else same[0]
+        rows.append({**chosen, "repeats_samples_per_s": [r.get("samples_per_s") for r in same]})
+    return rows
+
+
+def render(rows: list[dict], args, chart: str) -> str:
+    baseline = {r["name"]: r for r in rows if r["engine"] == "hf-trainer"}
+    lines = [f"`trainwise bench --ladder {args.ladder} --steps {args.steps} --device {args.device}` run "
+             f"{args.repeats} times. samples/s: the median over the repeats (warm-up step and, on a CPU, the "
+             "memory-profiled step left out), spread = (max - min) / median over the repeats. Memory: measured "
+             "(the median run's) and predicted (`trainwise estimate` for the same plan); "
+             "error = (predicted - measured) / measured. vs HF Trainer: ratio of the medians.", "",
+             "| row | engine | status | samples/s (median) | spread | repeats | tokens/s (median run) | peak alloc measured "
+             "| predicted | error | vs HF Trainer |",
+             "|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        speeds = [s for s in r["repeats_samples_per_s"] if s]
+        median = statistics.median(speeds) if speeds else None
+        spread = f"{(max(speeds) - min(speeds)) / median * 100:.0f} %" if len(speeds) > 1 else "n/a"
+        status = r["status"] + (f": {r['reason']}" if r["status"] != "ok" and r.get("reason") else "")
+        other = baseline.get(r["name"])
+        ratio = ""
+        if r["engine"] == "trainwise" and other and median:
+            other_speeds = [s for s in other["repeats_samples_per_s"] if s]
+            ratio = f"{median / statistics.median(other_speeds):.2f}x" if other_speeds else ""
+        lines.append("| " + " | ".join([
+            r["name"], r["engine"], status.replace("|", "/"), _num(median, ",.1f"), spread,
+            ", ".join(_num(s, ".1f") for s in r["repeats_samples_per_s"]), _num(r.get("tokens_per_s"), ",.0f"),
+            _bytes(r["measured"].get("peak_allocated")), _bytes(r["predicted"].get("peak_allocated")),
+            _pct(r["error_pct"].get("peak_allocated")), ratio]) + " |")
+    methods = sorted({r["memory_method"] for r in rows if r.get("memory_method")})
+    lines += [""] + [f"Memory measured by: {m}." for m in methods]
+    lines += ["", f"![chart]({chart})", "",
+              "The chart (written by the same command) shows the median run of each row."]
+    return "\n".join(lines) + "\n"
+
+
+def _num(value, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def _bytes(value) -> str:
+    return "n/a" if value is None else human_bytes(value)
+
+
+def _pct(value) -> str:
+    if value is None:
+        return "n/a"
+    return "0.0 %" if abs(value) < 0.05 else f"{value:+.1f} %"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

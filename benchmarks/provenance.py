@@ -1,0 +1,167 @@
+"""Where a results page came from: the command, the commit, the device, the versions and
+how busy the machine was. Every script that writes under docs/results/ starts its page
+with `header()`, so a page always says how to reproduce it and what it was measured on.
+
+    prov = provenance.collect("python benchmarks/scaling.py --page docs/results/scaling-cpu.md")
+    ...measure...
+    text = provenance.page("Parallel layouts on CPU", provenance.finish(prov), body)
+
+A page's provenance is a `## Provenance` list of `- key: value` lines; `parse()` reads
+it back (tests/test_results_provenance.py holds every page in docs/results/ to it).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# Each docs/results page must name these, the versions with at least VERSION_NAMES.
+REQUIRED_KEYS = ("command", "commit", "device", "versions")
+VERSION_NAMES = ("python", "torch", "transformers", "trainwise")
+# A 1-minute load average above this share of the cores means other work shared the CPU.
+BUSY_LOAD_PER_CORE = 0.5
+
+
+def script_command(script: str, argv: list[str]) -> str:
+    """The command line that reproduces a page: `python benchmarks/<script> <argv>`."""
+    return " ".join(["python", f"benchmarks/{script}", *map(shlex.quote, argv)])
+
+
+def collect(command: str) -> dict:
+    """Provenance at the start of a measurement (the load average is taken now)."""
+    return {"command": command, "commit": git_commit(), "device": device_description(),
+            "versions": versions(), "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "load_start": load_average(), "cores": cpu_count()}
+
+
+def finish(prov: dict) -> dict:
+    """`prov` with the load average at the end of the measurement."""
+    return {**prov, "load_end": load_average()}
+
+
+def git_commit() -> str:
+    """'<full hash> (clean tree)' or '(dirty tree: ...)'; outside a checkout, $RESULTS_COMMIT
+    or 'unknown'."""
+    try:
+        head = _git("rev-parse", "HEAD")
+        changed = [line[3:] for line in _git("status", "--porcelain", strip=False).splitlines() if line.strip()]
+    except (OSError, subprocess.CalledProcessError):
+        # A copy without .git (e.g. sent to a GPU machine): the sender may name the commit.
+        named = os.environ.get("RESULTS_COMMIT")
+        return f"{named} (named by RESULTS_COMMIT; no git checkout here)" if named else "unknown (not a git checkout)"
+    if not changed:
+        return f"{head} (clean tree)"
+    shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+    return f"{head} (dirty tree: {shown})"
+
+
+def _git(*args: str, strip: bool = True) -> str:
+    out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    return out.strip() if strip else out
+
+
+def device_description() -> str:
+    """The CPU model and cores, and the GPU's name when torch sees one."""
+    cpu = f"CPU {cpu_model()}, {cpu_count()} cores"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            return f"GPU {props.name} ({props.total_memory / 1024**3:.2f} GiB) x {torch.cuda.device_count()}; {cpu}"
+    except ImportError:
+        pass
+    return cpu
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (the affinity mask), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def versions() -> str:
+    import torch
+    import transformers
+
+    import trainwise
+
+    return (f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
+            f"trainwise {trainwise.__version__}; {platform.platform()}")
+
+
+def load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def load_line(prov: dict) -> str:
+    """The machine's 1-minute load average at start and end, and whether that is busy."""
+    start, end, cores = prov.get("load_start"), prov.get("load_end"), prov.get("cores") or 1
+    if start is None:
+        return "not available on this system"
+    busy = max(start, end if end is not None else start) > BUSY_LOAD_PER_CORE * cores
+    verdict = ("busy: other work shared the CPU, so times are noisier and slower than on a quiet machine"
+               if busy else "quiet")
+    return f"1-minute load average {start} at start, {end} at end, on {cores} cores: {verdict}"
+
+
+def header(prov: dict) -> str:
+    """The page's `## Provenance` section."""
+    lines = ["## Provenance", "",
+             f"- command: `{prov['command']}`",
+             f"- commit: {prov['commit']}",
+             f"- device: {prov['device']}",
+             f"- versions: {prov['versions']}",
+             f"- date: {prov['date']}"]
+    if "load_start" in prov:
+        lines.append(f"- machine load: {load_line(prov)}")
+    lines += [f"- {key}: {value}" for key, value in prov.get("extra", {}).items()]
+    return "\n".join(lines) + "\n"
+
+
+def page(title: str, prov: dict, body: str) -> str:
+    """A whole results page: title, the written-by line, provenance, then `body`."""
+    script = prov["command"].split()[1] if len(prov["command"].split()) > 1 else prov["command"]
+    return (f"# {title}\n\n*Written by `{script}`; do not edit by hand: run the command below again.*\n\n"
+            f"{header(prov)}\n{body.rstrip()}\n")
+
+
+def parse(text: str) -> dict:
+    """The `- key: value` lines of a page's `## Provenance` section (empty when none)."""
+    match = re.search(r"^## Provenance\n(.*?)(?=^## |\Z)", text, flags=re.S | re.M)
+    if not match:
+        return {}
+    found = {}
+    for line in match.group(1).splitlines():
+        item = re.match(r"- ([\w ]+): (.*)", line)
+        if item:
+            found[item.group(1)] = item.group(2).strip()
+    return found
+
+
+def add_repo_to_path() -> None:
+    """Let a script run as `python benchmarks/x.py` from a checkout (no install)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))

@@ -1,0 +1,157 @@
+"""Results pages cannot drift: every page in docs/results/ names the command that writes
+it (a script in benchmarks/), the commit, the device and the versions; the memory page
+is rendered from rows files, launches merged by a script."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import provenance  # noqa: E402
+import render_memory  # noqa: E402
+
+PAGES = sorted((REPO / "docs" / "results").glob("*.md"))
+GiB = 1024**3
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_results_page_names_its_command_commit_device_and_versions(page):
+    found = provenance.parse(page.read_text())
+    missing = [key for key in provenance.REQUIRED_KEYS if key not in found]
+    assert not missing, f"{page.name}: no {', '.join(missing)} in its ## Provenance section"
+    command = re.match(r"`((?:python|bash) (benchmarks/\S+)[^`]*)`", found["command"])
+    assert command, f"{page.name}: the command must run a script in benchmarks/, got {found['command']}"
+    assert (REPO / command.group(2)).is_file(), f"{page.name}: {command.group(2)} does not exist"
+    assert re.search(r"\b[0-9a-f]{7,40}\b", found["commit"]), f"{page.name}: no commit hash"
+    versions = found["versions"].lower()
+    assert all(name in versions for name in provenance.VERSION_NAMES), f"{page.name}: versions {versions}"
+
+
+def _launch(path: Path, commit: str, rows: list[dict]) -> Path:
+    prov = {"command": "python benchmarks/validate_memory.py", "commit": f"{commit} (clean tree)",
+            "device": "GPU Test GPU (80.00 GiB) x 1", "versions": "python 3, torch 2, transformers 5, trainwise 0.1.0",
+            "date": "2026-01-01 00:00 UTC", "load_start": 0.1, "load_end": 0.2, "cores": 16}
+    path.write_text(json.dumps({"provenance": prov, "meta": {"gpu": "Test GPU"}, "rows": rows}))
+    return path
+
+
+def _row(name: str, predicted_gib: float, measured_gib: float | None) -> dict:
+    measured = ({"status": "ok", "peak_allocated": int(measured_gib * GiB)} if measured_gib
+                else {"status": "skipped", "reason": "needs bitsandbytes"})
+    predicted = {"status": "ok", "peak_allocated": int(predicted_gib * GiB)}
+    return {"name": name, "model": "tiny", "task": "causal-lm", "knobs": {"batch_size": 1},
+            "predicted": predicted, "measured": measured,
+            "error_pct": {"peak_allocated": render_memory.error_pct(predicted["peak_allocated"],
+                                                                    measured.get("peak_allocated"))}}
+
+
+def test_render_memory_merges_launches_and_a_later_row_replaces_an_earlier_one(tmp_path):
+    first = _launch(tmp_path / "one.json", "a" * 40, [_row("a", 2.0, 1.0), _row("b", 1.0, 1.0)])
+    second = _launch(tmp_path / "two.json", "b" * 40, [_row("a", 1.0, 1.0), _row("c", 1.0, None)])
+    out = tmp_path / "memory.md"
+
+    assert render_memory.main([str(first), str(second), "--out", str(out)]) == 0
+
+    text = out.read_text()
+    table = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert "| 2 |" in table["a"] and "+0.0 %" in table["a"]  # the re-run after a fix wins
+    assert "| 1 |" in table["b"]
+    assert "skipped: needs bitsandbytes" in table["c"]
+    assert "2 of 3 configurations measured." in text
+    found = provenance.parse(text)
+    assert found["command"].startswith("`python benchmarks/render_memory.py")
+    assert "a" * 40 in found["commit"] and "b" * 40 in found["commit"]
+    assert "one.json" in found["launch 1"] and "two.json" in found["launch 2"]
+
+
+@pytest.mark.fault
+def test_render_memory_refuses_a_file_that_is_not_a_rows_file_and_keeps_the_page(tmp_path, capsys, fault_log):
+    from fault_log import lost_files, tree_digest
+
+    bad = tmp_path / "rows.json"
+    bad.write_text(json.dumps([{"name": "a"}]))
+    page = tmp_path / "memory.md"
+    page.write_text("# the page as it was\n")
+    before = tree_digest(tmp_path)
+
+    code = render_memory.main([str(bad), "--out", str(page)])
+
+    message = capsys.readouterr().err.strip()
+    assert code == 2 and message.startswith("render_memory.py: error: ") and "not a rows file" in message
+    lost = lost_files(before, tree_digest(tmp_path))
+    assert lost == 0 and page.read_text() == "# the page as it was\n"
+    fault_log(kind="bad input", case="render_memory.py given a JSON list instead of a validate_memory rows file",
+              exit_code=code, message=message.replace(str(tmp_path), "DIR"), lost=lost)
+
+
+def _vs_launch(steps: int, speeds: dict, finished: bool) -> dict:
+    prov = {"command": "python benchmarks/vs_hf_trainer.py", "commit": "c" * 40 + " (clean tree)",
+            "device": "CPU Test, 2 cores", "versions": "python 3, torch 2, transformers 5, trainwise 0.1.0",
+            "date": "2026-01-01 00:00 UTC", "load_start": 3.0, "load_end": 3.5, "cores": 2}
+    runs = [{"engine": e, "status": "ok", "samples_per_s": s, "peak_allocated": 1024**2}
+            for e, values in speeds.items() for s in values]
+    launch = {"case": "cpu", "model": "tiny-llama", "plan": {"batch_size": 8}, "steps": steps, "runs": runs,
+              "provenance": prov}
+    if finished:
+        launch["result"] = {"samples_per_s_ratio": 1.25, "peak_memory_ratio": 1.0,
+                            "peak_allocated_bytes": {"trainwise": 1024**2}, "mfu": {}}
+    return launch
+
+
+def test_render_vs_trainer_keeps_the_last_launch_of_a_case_and_shows_no_ratio_for_a_cut_one(tmp_path):
+    import render_vs_trainer
+
+    rows = tmp_path / "vs.json"
+    rows.write_text(json.dumps({"launches": [
+        _vs_launch(30, {"trainwise": [1.0], "hf-trainer": [1.0]}, True),
+        _vs_launch(30, {"trainwise": [10.0, 12.0, 11.0], "hf-trainer": [8.0, 9.0, 10.0]}, True),
+        _vs_launch(40, {"trainwise": [5.0], "hf-trainer": []}, False)]}))
+    out = tmp_path / "vs.md"
+
+    assert render_vs_trainer.main([str(rows), "--out", str(out)]) == 0
+
+    text = out.read_text()
+    table = [line for line in text.splitlines() if line.startswith("| ") and "launch" not in line]
+    assert len(table) == 2
+    assert "| 11.0 | 10.0, 12.0, 11.0 | 18 % | 9.0 |" in table[0] and "| 1.250 |" in table[0]
+    assert "No ratio for launch 2" in text
+    assert "busy" in provenance.parse(text)["launch 1"]
+
+
+def test_validate_memory_writes_its_rows_after_every_row_and_renders_the_page_from_them(tmp_path, monkeypatch):
+    import torch
+    import validate_memory
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(provenance, "device_description", lambda: "GPU Test GPU (80.00 GiB) x 1")
+    monkeypatch.setattr(validate_memory, "_metadata", lambda argv, device: {"gpu": "Test GPU", "trainwise_device": device})
+    monkeypatch.setattr(validate_memory, "_device_used_bytes", lambda: None)
+    monkeypatch.setattr(validate_memory, "predict", lambda config: {
+        "status": "ok", "peak_allocated": 2 * GiB, "peak_reserved": 3 * GiB, "device_total": 4 * GiB,
+        "device_name": "H100-80GB"})
+    seen = []
+
+    def measure(config, baseline):  # the rows file holds every earlier row when a row starts
+        rows_file = tmp_path / "rows.json"
+        seen.append(len(json.loads(rows_file.read_text())["rows"]) if rows_file.exists() else 0)
+        return {"status": "ok", "peak_allocated": 2 * GiB, "peak_reserved": 3 * GiB, "device_total": 4 * GiB}
+
+    monkeypatch.setattr(validate_memory, "measure", measure)
+    out, rows = tmp_path / "memory.md", tmp_path / "rows.json"
+
+    assert validate_memory.main(["--only", "^bert b4", "--out", str(out), "--rows", str(rows)]) == 0
+
+    launch = json.loads(rows.read_text())
+    names = [row["name"] for row in launch["rows"]]
+    assert seen == list(range(len(names))) and len(names) >= 4
+    assert launch["provenance"]["command"].startswith("python benchmarks/validate_memory.py --only")
+    found = provenance.parse(out.read_text())
+    assert found["command"] == f"`python benchmarks/render_memory.py {rows} --out {out}`"
+    assert f"{len(names)} of {len(names)} configurations measured." in out.read_text()
