@@ -7,7 +7,8 @@ median and spread over the repeats, with the page's provenance.
 Each repeat is a whole `trainwise bench` ladder (every row a fresh process, trainwise and
 the Trainer one after the other), so a slow spell of a shared machine hits both engines
 of a rung alike. The table shows the median run of each row (by samples/s) with the
-spread of samples/s over the repeats; "vs HF Trainer" is the ratio of the medians.
+spread of samples/s over the repeats; "vs HF Trainer" is the ratio of the medians where
+both engines' spreads are within 10 %, else the spread that kept it out.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ provenance.add_repo_to_path()
 
 from trainwise.plan.atomic import atomic_write_text  # noqa: E402
 from trainwise.plan.units import human_bytes  # noqa: E402
+
+# Above this run-to-run spread of samples/s (max - min over the median) no ratio is printed.
+NOISY_SPREAD = 0.10
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,7 +79,8 @@ def render(rows: list[dict], args, chart: str) -> str:
              f"{args.repeats} times. samples/s: the median over the repeats (warm-up step and, on a CPU, the "
              "memory-profiled step left out), spread = (max - min) / median over the repeats. Memory: measured "
              "(the median run's) and predicted (`trainwise estimate` for the same plan); "
-             "error = (predicted - measured) / measured. vs HF Trainer: ratio of the medians.", "",
+             "error = (predicted - measured) / measured. vs HF Trainer: ratio of the medians, shown only where "
+             f"both engines' spreads are within {NOISY_SPREAD * 100:.0f} %.", "",
              "| row | engine | status | samples/s (median) | spread | repeats | tokens/s (median run) | peak alloc measured "
              "| predicted | error | vs HF Trainer |",
              "|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
@@ -87,8 +92,7 @@ def render(rows: list[dict], args, chart: str) -> str:
         other = baseline.get(r["name"])
         ratio = ""
         if r["engine"] == "trainwise" and other and median:
-            other_speeds = [s for s in other["repeats_samples_per_s"] if s]
-            ratio = f"{median / statistics.median(other_speeds):.2f}x" if other_speeds else ""
+            ratio = _ratio(speeds, [s for s in other["repeats_samples_per_s"] if s])
         lines.append("| " + " | ".join([
             r["name"], r["engine"], status.replace("|", "/"), _num(median, ",.1f"), spread,
             ", ".join(_num(s, ".1f") for s in r["repeats_samples_per_s"]), _num(r.get("tokens_per_s"), ",.0f"),
@@ -99,6 +103,23 @@ def render(rows: list[dict], args, chart: str) -> str:
     lines += ["", f"![chart]({chart})", "",
               "The chart (written by the same command) shows the median run of each row."]
     return "\n".join(lines) + "\n"
+
+
+def _spread(speeds: list[float]) -> float:
+    return (max(speeds) - min(speeds)) / statistics.median(speeds)
+
+
+def _ratio(speeds: list[float], baseline: list[float]) -> str:
+    """The ratio of the medians, or why none is shown: a ratio of two figures that moved by
+    more than NOISY_SPREAD between repeats says more about the machine than the engines."""
+    if not speeds or not baseline:
+        return ""
+    worst = max(_spread(speeds), _spread(baseline)) if len(speeds) > 1 and len(baseline) > 1 else None
+    if worst is None:
+        return "not shown: one repeat"
+    if worst > NOISY_SPREAD:
+        return f"not shown: spread {worst * 100:.0f} % > {NOISY_SPREAD * 100:.0f} %"
+    return f"{statistics.median(speeds) / statistics.median(baseline):.2f}x"
 
 
 def _num(value, spec: str) -> str:

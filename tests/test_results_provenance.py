@@ -155,3 +155,12 @@ def test_validate_memory_writes_its_rows_after_every_row_and_renders_the_page_fr
     found = provenance.parse(out.read_text())
     assert found["command"] == f"`python benchmarks/render_memory.py {rows} --out {out}`"
     assert f"{len(names)} of {len(names)} configurations measured." in out.read_text()
+
+
+def test_bench_page_prints_no_ratio_when_either_engine_moved_more_than_ten_percent_between_repeats():
+    import bench_page
+
+    assert bench_page._ratio([4.0, 4.1, 4.2], [2.0, 2.05, 2.1]) == "2.00x"
+    # The busy-machine figures of an earlier bench page: 6.2 vs 1.1 samples/s read "5.56x".
+    assert bench_page._ratio([6.2, 1.2, 11.2], [1.0, 1.1, 3.3]).startswith("not shown: spread")
+    assert bench_page._ratio([4.0], [2.0]) == "not shown: one repeat"
