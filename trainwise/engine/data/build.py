@@ -41,7 +41,7 @@ def _synthetic(run: RunConfig, spec: ModelSpec, plan: Plan, rank: int, world_siz
     return TrainData(dataset, evaluation, description=f"synthetic random tokens for {spec.task}{vocab}: "
                                                       f"{plan.batch_size} x {plan.seq_len} tokens per micro-batch",
                      tokens_per_micro_batch=plan.batch_size * plan.seq_len, micro_batches_per_epoch=None,
-                     workers=plan.workers, pin_memory=plan.pin_memory)
+                     workers=plan.workers, pin_memory=plan.pin_memory, seed=run.seed)
 
 
 def _text(run: RunConfig, spec: ModelSpec, plan: Plan, rank: int, world_size: int) -> TrainData:
@@ -70,7 +70,8 @@ def _text(run: RunConfig, spec: ModelSpec, plan: Plan, rank: int, world_size: in
                      lambda n: held_out_batches(packed.held_out, plan.batch_size, n, with_mask),
                      description=_describe(origin, tokenizer.name, text_bytes, len(stream), packed, plan.seq_len),
                      tokens_per_micro_batch=plan.batch_size * int(packed.train.lengths.max()),
-                     micro_batches_per_epoch=order.per_epoch, workers=plan.workers, pin_memory=plan.pin_memory)
+                     micro_batches_per_epoch=order.per_epoch, workers=plan.workers, pin_memory=plan.pin_memory,
+                     seed=run.seed)
 
 
 def _check_vocab(ids_needed: int, what: str, spec: ModelSpec, field: str) -> None:

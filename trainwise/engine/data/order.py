@@ -19,6 +19,7 @@ from torch.utils.data import Sampler
 TRAIN_STREAM = 0  # synthetic training batches
 EVAL_STREAM = 1  # synthetic evaluation batches
 SHUFFLE_STREAM = 2  # the per-epoch row permutations
+LOADER_STREAM = 3  # the DataLoader's own generator (worker base seeds)
 
 
 def mixed_seed(*parts: int) -> int:

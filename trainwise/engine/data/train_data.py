@@ -11,7 +11,7 @@ from typing import Callable, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from trainwise.engine.data.order import TRAIN_STREAM, CountFrom, MicroBatchOrder, mixed_seed
+from trainwise.engine.data.order import LOADER_STREAM, TRAIN_STREAM, CountFrom, MicroBatchOrder, mixed_seed
 from trainwise.engine.data.packing import Rows, causal_lm_batch
 from trainwise.models import ModelSpec, example_batch
 
@@ -52,22 +52,30 @@ class TrainData:
     tokens_per_micro_batch   real (unpadded) tokens in one training micro-batch
     micro_batches_per_epoch  micro-batches per rank before the data repeats in a new
                              order; None for synthetic data, which never repeats
+    seed                     the run's seed, for the loader's own generator
     """
 
     def __init__(self, dataset: Dataset, eval_source: Callable[[int], list], *, description: str,
-                 tokens_per_micro_batch: int, micro_batches_per_epoch: int | None, workers: int, pin_memory: bool):
+                 tokens_per_micro_batch: int, micro_batches_per_epoch: int | None, workers: int, pin_memory: bool,
+                 seed: int = 0):
         self._dataset, self._eval_source = dataset, eval_source
         self.description = description
         self.tokens_per_micro_batch = tokens_per_micro_batch
         self.micro_batches_per_epoch = micro_batches_per_epoch
-        self._workers, self._pin_memory = workers, pin_memory
+        self._workers, self._pin_memory, self._seed = workers, pin_memory, seed
 
     def micro_batches(self, start: int = 0) -> Iterator[dict[str, torch.Tensor]]:
         """This rank's micro-batches forever, number `start` first: what an uninterrupted
-        iterator yields from its `start`-th item on. CPU tensors (pinned with pin_memory)."""
+        iterator yields from its `start`-th item on. CPU tensors (pinned with pin_memory).
+
+        Starting a DataLoader iterator draws a base seed for its workers. From the global
+        generator that draw would land after a resumed run restored its RNG state, and shift
+        every dropout mask after it; the loader's own generator leaves the global one alone."""
         if start < 0:
             raise ValueError(f"micro-batch numbers start at 0, got {start}")
+        own = torch.Generator().manual_seed(mixed_seed(self._seed, LOADER_STREAM))
         loader = DataLoader(self._dataset, batch_size=None, sampler=CountFrom(start), num_workers=self._workers,
+                            generator=own,
                             pin_memory=self._pin_memory and torch.cuda.is_available(),
                             prefetch_factor=PREFETCH_PER_WORKER if self._workers else None,
                             persistent_workers=self._workers > 0)
