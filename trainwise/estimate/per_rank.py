@@ -42,10 +42,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from trainwise.estimate.extrapolate import block_count, with_blocks
 from trainwise.estimate.memory import MemoryEstimate
 from trainwise.plan.layout import Layout
-from trainwise.plan.partition import (FUSED_PROJECTIONS, PIPELINE_FAMILY_OF, PIPELINE_PARTS, TP_BLOCK_PLANS,
-                                      TP_FAMILY_OF, balanced_bounds, blocks_owner, data_parallel_choice,
-                                      divide_local_sizes, per_part_shape, pipeline_microbatches, rank_stages,
-                                      replace_submodule, stage_chunks_in_flight, stages_per_rank, zero_one_owner)
+from trainwise.models.families import ModelFamily, family_of, replace_submodule
+from trainwise.plan.partition import (balanced_bounds, data_parallel_choice, per_part_shape, pipeline_microbatches,
+                                      rank_stages, stage_chunks_in_flight, stages_per_rank, zero_one_owner)
 from trainwise.plan.plan import Plan
 from trainwise.step.precision import precision_policy
 
@@ -90,14 +89,15 @@ def rank_views(config, plan: Plan, layout: Layout) -> list[RankView]:
 
 def rank_config(config, layout: Layout, blocks: int):
     """The config whose one-device model has this rank's shapes (with rank_reshape's
-    changes): tensor parallel divides the vocabulary and, in the Llama family, whose head
-    size is a config entry, the heads, key/value heads and MLP width; `blocks` blocks."""
+    changes): tensor parallel divides the vocabulary and, in a family whose head size is a
+    config entry (heads_in_config), the heads, key/value heads and MLP width; `blocks` blocks."""
     if config is None:
         return None
     local = with_blocks(config, blocks) if layout.pp > 1 else copy.deepcopy(config)
     if layout.tp > 1:
         local.vocab_size = -(-config.vocab_size // layout.tp)  # rank 0's rows: DTensor gives it the larger share
-    if layout.tp > 1 and TP_FAMILY_OF.get(config.model_type) == "llama":
+    family = family_of(config)
+    if layout.tp > 1 and family is not None and family.heads_in_config:
         local.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         local.num_attention_heads = config.num_attention_heads // layout.tp
         kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
@@ -112,8 +112,8 @@ def rank_reshape(config, layout: Layout) -> Callable[[nn.Module], None] | None:
     size and the head count): every projection the engine splits is rebuilt on the meta
     device at its local size, as engine/parallel/tensor_parallel.py cuts it (column-wise:
     output features / tp; row-wise: input features / tp). None where rank_config does it all."""
-    family = TP_FAMILY_OF.get(getattr(config, "model_type", None))
-    if layout.tp == 1 or family in (None, "llama"):
+    family = family_of(config)
+    if layout.tp == 1 or family is None or family.heads_in_config:
         return None
     return lambda model: tensor_parallel_shapes(model, family, layout.tp)
 
@@ -138,21 +138,20 @@ def headless_workload(config, reshape: Callable[[nn.Module], None] | None):
     return small, reshape_headless
 
 
-def tensor_parallel_shapes(model: nn.Module, family: str, tp: int) -> None:
+def tensor_parallel_shapes(model: nn.Module, family: ModelFamily, tp: int) -> None:
     """Rebuild `model`'s split projections at one rank's shapes, in place (meta tensors)."""
-    blocks_path, plan = TP_BLOCK_PLANS[family]
     base = getattr(model, "get_base_model", lambda: model)()
-    for block in blocks_owner(base, blocks_path).get_submodule(blocks_path):
-        for path, kind in plan.items():
-            replace_submodule(block, path, _local_projection(block.get_submodule(path), kind, tp))
-        divide_local_sizes(block, family, tp)
+    for block in family.block_list(base):
+        for path, kind in family.tensor_parallel.items():
+            local = _local_projection(block.get_submodule(path), kind, tp, path in family.transposed)
+            replace_submodule(block, path, local)
+        family.divide_local_sizes(block, tp)
 
 
-def _local_projection(module: nn.Module, kind: str, tp: int) -> nn.Module:
-    """A Linear or a Conv1D (weight [in, out]) like `module`, its output (column-wise) or
-    input (row-wise) features divided by tp."""
+def _local_projection(module: nn.Module, kind: str, tp: int, conv1d: bool) -> nn.Module:
+    """A Linear or a Conv1D (`conv1d`: the family's transposed linear, weight [in, out])
+    like `module`, its output (column-wise) or input (row-wise) features divided by tp."""
     weight = module.weight
-    conv1d = type(module).__name__ == "Conv1D"
     in_features, out_features = weight.shape if conv1d else weight.shape[::-1]
     if kind == "colwise":
         out_features //= tp
@@ -310,12 +309,13 @@ def _rank_parameters(rank_model: RankModel, plan: Plan, policy, view: RankView, 
     in_block = {id(p) for p in blocks.parameters()} if blocks is not None else set()
     held_by = {}  # parameter id -> the pipeline ends ("first", "last") holding it; both for a tied head
     if not (view.has_embedding and view.has_head):  # a pipeline stage
-        parts = PIPELINE_PARTS[PIPELINE_FAMILY_OF[rank_model.config.model_type]]
+        parts = family_of(rank_model.config).pipeline
         for end, paths in (("first", parts.first), ("last", parts.last)):
             for path in paths:
                 for p in base.get_submodule(path).parameters():
                     held_by.setdefault(id(p), set()).add(end)
-    fused = FUSED_PROJECTIONS.get(getattr(rank_model.config, "model_type", None), {})
+    family = family_of(rank_model.config)
+    fused = family.fused_projections if family is not None else {}
     params = []
     for name, param in model.named_parameters():
         ends = held_by.get(id(param))
@@ -462,7 +462,8 @@ def _loss_parallel_extra(model: RankModel, plan: Plan, layout: Layout, view: Ran
     checks the peak with it."""
     if layout.tp == 1 or not view.has_head or model.task != "causal-lm" or model.config is None:
         return 0
-    if TP_FAMILY_OF.get(getattr(model.config, "model_type", "")) not in ("llama", "gpt2"):  # vocab-parallel heads
+    family = family_of(model.config)
+    if family is None or not family.vocab_parallel_head:
         return 0
     chunk = plan.batch_size // pipeline_microbatches(plan, layout.pp) if layout.pp > 1 else plan.batch_size
     return chunk * plan.seq_len * model.config.vocab_size * 4  # model.config: already the rank's vocabulary
@@ -476,17 +477,20 @@ def _sequence_parallel_saving(by_module: dict[str, int], model: RankModel, plan:
     (without autocast the projections after it keep their gathered input; under autocast
     they keep their own low-precision casts, attributed to them, and the output itself is
     not saved). Measured from the traced blocks' middle one, times the blocks."""
-    if not layout.sequence_parallel or model.config is None:
+    family = family_of(model.config)
+    if not layout.sequence_parallel or family is None or family.sequence_parallel is None:
         return 0
-    indices = sorted({int(m.split(".")[2]) for m in by_module if m.startswith("model.layers.")})
+    blocks = family.blocks + "."  # the traced model is the causal LM, which owns the blocks
+    indices = sorted({int(m[len(blocks):].split(".")[0]) for m in by_module if m.startswith(blocks)})
     if not indices:
         return 0
-    block = f"model.layers.{indices[len(indices) // 2]}"
+    block = f"{blocks}{indices[len(indices) // 2]}"
+    norms = family.sequence_parallel.norms
     whole = (plan.batch_size * plan.seq_len * model.config.hidden_size * policy.param_dtype.itemsize
              if policy.autocast_dtype is None else 0)
     per_block = sum(nbytes for module, nbytes in by_module.items()
-                    if module == block or (module.startswith(block + ".") and module.endswith("layernorm"))) - 2 * whole
-    final = by_module.get("model.norm", 0) - whole
+                    if module == block or module.removeprefix(block + ".") in norms) - 2 * whole
+    final = by_module.get(family.sequence_parallel.final_norm, 0) - whole
     return max(round((per_block * model.config.num_hidden_layers + final) * (1 - 1 / layout.tp)), 0)
 
 
@@ -496,7 +500,7 @@ def _stage_activations(traced: int, by_module: dict[str, int], view: RankView, c
     chunks in flight."""
     if view.has_embedding and view.has_head:
         return traced * view.chunks_in_flight
-    parts = PIPELINE_PARTS[PIPELINE_FAMILY_OF[config.model_type]]
+    parts = family_of(config).pipeline
     core = parts.blocks.split(".")[0] + "."
 
     def is_head(module: str) -> bool:  # the loss runs outside the core model
