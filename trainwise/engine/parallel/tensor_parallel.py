@@ -46,7 +46,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                SequenceParallel, loss_parallel, parallelize_module)
 
 from trainwise.engine.parallel.conv1d_parallel import ShardedConv1D
-from trainwise.models.families import SequenceParallelPlan, replace_submodule
+from trainwise.models.families import SequenceParallelPlan, family_of, replace_submodule
 from trainwise.models.families.checks import check_tensor_parallel
 from trainwise.plan.errors import InputError
 
@@ -57,7 +57,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
     """Split `model` over `tp_mesh` in place (see the module docstring); returns it."""
     base = getattr(model, "get_base_model", lambda: model)()
     config = base.config
-    family = check_tensor_parallel(config, tp_mesh.size(), sequence_parallel)
+    family = check_tensor_parallel(config, tp_mesh.size(), sequence_parallel) or family_of(config)  # tp 1: no check
     core = family.blocks_owner(base)
     if core is None:
         raise InputError("--tp", f"{type(base).__name__} has no {family.blocks} to split")
