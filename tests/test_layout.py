@@ -53,7 +53,7 @@ def test_bad_layouts_name_the_flag(knobs, flag, words):
 
 def test_sequence_parallel_is_refused_outside_the_llama_family():
     from trainwise.models import resolve_model
-    from trainwise.plan.partition import check_model_layout
+    from trainwise.models.families.checks import check_model_layout
 
     plan = Plan.from_dict({"nproc": 2, "tp": 2, "sequence_parallel": True})
     check_model_layout(resolve_model("tiny-llama").config, plan, resolve_layout(plan))

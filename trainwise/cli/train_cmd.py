@@ -43,7 +43,7 @@ def run(args) -> int:
     from trainwise.plan.layout import resolve_layout
     from trainwise.cli.render_train import StepProgress, render_header, render_summary
     from trainwise.plan import load_plan_file
-    from trainwise.plan.partition import check_model_layout
+    from trainwise.models.families.checks import check_model_layout
 
     plan = plan_from_args(args)
     from_file = load_plan_file(args.plan) if args.plan is not None else {}

@@ -1,9 +1,10 @@
-"""How a layout cuts a model: which weights tensor parallel splits and along which
-dimension, which blocks each pipeline stage holds, what ZeRO-1 gives each rank.
+"""How a layout cuts a model, as arithmetic: which blocks each pipeline stage holds, how
+many chunks a stage keeps in flight, what ZeRO-1 gives each rank, the per-part shape of a
+fused projection, and whether sizes and batches divide as the layout needs.
 
-Pure facts about configs and shapes, no torch.distributed: the engine applies them with
-DTensor, pipelining and FSDP, and the per-rank estimate reads the same facts to size each
-rank's share, so the two cannot drift apart."""
+Pure arithmetic on configs and shapes, no torch.distributed and no model family: which
+modules a family splits is in trainwise/models/families/. The engine and the per-rank
+estimate both read these, so the two cannot drift apart."""
 
 from __future__ import annotations
 
@@ -11,65 +12,9 @@ from dataclasses import dataclass
 
 from trainwise.plan.errors import InputError
 
-# Per family: (blocks path, {module path inside a block: "colwise" | "rowwise"}).
-# Column-wise splits a Linear's output features (weight dim 0 and its bias), row-wise its
-# input features (weight dim 1; the bias stays whole).
-TP_BLOCK_PLANS = {
-    "llama": ("model.layers", {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise",
-                               "self_attn.v_proj": "colwise", "self_attn.o_proj": "rowwise",
-                               "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise"}),
-    "bert": ("encoder.layer", {"attention.self.query": "colwise", "attention.self.key": "colwise",
-                               "attention.self.value": "colwise", "attention.output.dense": "rowwise",
-                               "intermediate.dense": "colwise", "output.dense": "rowwise"}),
-    # GPT-2's projections are Conv1D (weight [in, out]); c_attn holds q, k and v side by side.
-    "gpt2": ("h", {"attn.c_attn": "colwise", "attn.c_proj": "rowwise", "mlp.c_fc": "colwise", "mlp.c_proj": "rowwise"}),
-}
-TP_FAMILY_OF = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "bert": "bert", "roberta": "bert",
-                "gpt2": "gpt2"}
-# Per model type: {module path inside a block: how many equal projections its output
-# concatenates}. Tensor parallel splits each of them, and checkpoints store such a weight
-# as [in, parts, out / parts] so that every layout's shards are plain slices of it.
-FUSED_PROJECTIONS = {"gpt2": {"attn.c_attn": 3}}
-# Attributes of a block's modules that hold a size tensor parallel divides (the heads a
-# rank computes): GPT-2 splits c_attn's output by split_size.
-TP_LOCAL_SIZES = {"gpt2": ("attn.split_size", "attn.num_heads")}
-PIPELINE_FAMILY_OF = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gpt2": "gpt2"}
-
-
-@dataclass(frozen=True)
-class PipelineParts:
-    """Where a decoder family keeps its blocks, and the modules its first stage holds
-    besides blocks (the embeddings) and its last stage (final norm, head); the first of
-    `first` is the token embedding and the last of `last` the head (tied or not)."""
-
-    blocks: str
-    first: tuple[str, ...]
-    last: tuple[str, ...]
-
-    def holds(self, module: str, paths: tuple[str, ...]) -> bool:
-        """Whether module name `module` is one of `paths` or inside one."""
-        return any(module == path or module.startswith(path + ".") for path in paths)
-
-
-PIPELINE_PARTS = {
-    "llama": PipelineParts("model.layers", ("model.embed_tokens",), ("model.norm", "lm_head")),
-    "gpt2": PipelineParts("transformer.h", ("transformer.wte", "transformer.wpe", "transformer.drop"),
-                          ("transformer.ln_f", "lm_head")),
-}
-
-
-def check_tensor_parallel(config, tp: int, sequence_parallel: bool = False) -> None:
-    """InputError("--tp" or "--sequence-parallel") when this architecture or its sizes
-    cannot be split `tp` ways (and, with sequence parallel, over the sequence)."""
-    if tp == 1:
-        return
-    model_type = getattr(config, "model_type", "?")
-    if sequence_parallel and TP_FAMILY_OF.get(model_type) != "llama":
-        raise InputError("--sequence-parallel", f"is implemented for the llama, mistral and qwen2 decoders; not "
-                                                f"{model_type}")
-    if model_type not in TP_FAMILY_OF:
-        supported = ", ".join(sorted(TP_FAMILY_OF))
-        raise InputError("--tp", f"tensor parallel supports {supported}; not {model_type}")
+def check_tensor_parallel_sizes(config, tp: int) -> None:
+    """InputError("--tp") when the model's heads or MLP width cannot be split `tp` ways
+    (the family's part of the check is models/families/checks.py)."""
     sizes = {"attention heads": config.num_attention_heads,
              "key/value heads": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
              "intermediate size": intermediate_size(config)}
@@ -87,33 +32,6 @@ def per_part_shape(shape: tuple[int, ...], parts: int, kind: str) -> tuple[int, 
     return (parts, shape[0] // parts)
 
 
-def blocks_owner(model, blocks_path: str):
-    """The module of `model` that owns `blocks_path` (heads wrap the core model under
-    various names), or None."""
-    for _, module in model.named_modules():
-        try:
-            module.get_submodule(blocks_path)
-            return module
-        except AttributeError:
-            continue
-    return None
-
-
-def replace_submodule(root, path: str, module) -> None:
-    """Put `module` at `path` (dotted) under `root`, in place of what is there."""
-    owner, _, name = path.rpartition(".")
-    setattr(root.get_submodule(owner) if owner else root, name, module)
-
-
-def divide_local_sizes(block, family: str, tp: int) -> None:
-    """Divide by tp the size attributes a block of `family` keeps for the heads a rank
-    computes (TP_LOCAL_SIZES), in place."""
-    for path in TP_LOCAL_SIZES.get(family, ()):
-        owner, _, name = path.rpartition(".")
-        module = block.get_submodule(owner)
-        setattr(module, name, getattr(module, name) // tp)
-
-
 def intermediate_size(config) -> int:
     """The MLP's hidden width (GPT-2 calls it n_inner, None meaning 4 x hidden)."""
     return getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * config.hidden_size
@@ -125,12 +43,10 @@ def stages_per_rank(schedule: str) -> int:
 
 
 def check_pipeline(config, pp: int, schedule: str, microbatches: int, batch_size: int) -> None:
-    """InputError naming the flag when the model or the batch cannot be pipelined so."""
+    """InputError naming the flag when the model's blocks or the batch cannot be pipelined
+    so (whether the family can be is models/families/checks.py's pipeline_family)."""
     if pp == 1:
         return
-    if getattr(config, "model_type", None) not in PIPELINE_FAMILY_OF:
-        raise InputError("--pp", f"pipeline parallel supports the {', '.join(PIPELINE_FAMILY_OF)} decoders; "
-                                 f"not {getattr(config, 'model_type', '?')}")
     stages = pp * stages_per_rank(schedule)
     if config.num_hidden_layers < stages:
         raise InputError("--pp", f"{stages} stages need at least {stages} blocks; the model has "
@@ -199,12 +115,11 @@ def zero_one_owner(sizes_by_group: list[list[int]], ranks: int) -> list[list[int
 
 
 def check_model_layout(config, plan, layout) -> None:
-    """Every layout check for `plan` on `layout` (the knobs' combination, then the model's
-    shapes): an InputError naming the flag, before any process starts or any estimate is
-    traced."""
-    check_layout_combination(plan, layout)
-    check_tensor_parallel(config, layout.tp, layout.sequence_parallel)
-    check_pipeline(config, layout.pp, plan.pp_schedule, pipeline_microbatches(plan, layout.pp), plan.batch_size)
+    """models/families/checks.py's check_model_layout, for the callers that still import it
+    from here (the one import upward from plan/: remove it once they import it from there)."""
+    from trainwise.models.families.checks import check_model_layout as check
+
+    check(config, plan, layout)
 
 
 @dataclass

@@ -1,10 +1,10 @@
 """The shape a distributed checkpoint stores each weight in.
 
 DCP reshards on load by matching each rank's piece to slices of the saved tensor, so a
-piece must be one plain slice. Tensor parallel holds a fused projection (GPT-2's c_attn:
-q, k and v side by side, [in, 3 x hidden]) as [in, 3, hidden] split on the last
-dimension (conv1d_parallel.py); in the model's own shape a rank's piece would be three
-column blocks. So every layout stores such a weight, and the optimizer states shaped like
+piece must be one plain slice. Tensor parallel holds a fused projection (one its family
+declares in fused_projections, e.g. GPT-2's c_attn: q, k and v side by side,
+[in, 3 x hidden]) as [in, 3, hidden] split on the last dimension (conv1d_parallel.py); in
+the model's own shape a rank's piece would be three column blocks. So every layout stores such a weight, and the optimizer states shaped like
 it, per part, [in, parts, out / parts]: a view, no copy, and a plain slice under FSDP too
 (it shards the first dimension). The fused bias is stored in the model's shape, [out]:
 FSDP's halves of it are not whole parts, and tensor parallel's per-part pieces of it (a
@@ -20,13 +20,15 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor, Replicate
 
-from trainwise.plan.partition import FUSED_PROJECTIONS, per_part_shape
+from trainwise.models.families import family_of
+from trainwise.plan.partition import per_part_shape
 
 
 def fused_projections(model) -> dict[str, int]:
-    """{module path inside a block: parts} for the model's architecture (empty if none)."""
+    """{module path inside a block: parts} for the model's family (empty if none)."""
     base = getattr(model, "get_base_model", lambda: model)()
-    return FUSED_PROJECTIONS.get(getattr(getattr(base, "config", None), "model_type", None), {})
+    family = family_of(getattr(base, "config", None))
+    return family.fused_projections if family is not None else {}
 
 
 def to_checkpoint_shapes(state: dict, fused: dict[str, int]) -> dict:

@@ -1,4 +1,6 @@
-"""Tensor parallel for GPT-2's Conv1D projections.
+"""Tensor parallel for transposed linears: Conv1D projections (GPT-2's; which modules of a
+block are Conv1D, and which fuse several projections, is the family's declaration in
+trainwise/models/families/).
 
 Conv1D is a Linear whose weight is stored transposed, [in, out]; DTensor's ColwiseParallel
 and RowwiseParallel take only nn.Linear and nn.Embedding, so the split is done here, with

@@ -3,7 +3,7 @@
 The model is cut at block boundaries into `pp` stages (2 x pp under interleaved 1F1B,
 stage s on rank s mod pp), as even in blocks as they can be: the first stage also holds
 the token embedding, the last the final norm, the head and the loss. The stage modules
-(pipeline_stages.py) keep the model's own parameter names.
+(each family's, trainwise/models/families/) keep the model's own parameter names.
 
 Each `step(batch)` splits the micro-batch into `microbatches` pipeline chunks and runs
 them through the schedule (GPipe, 1F1B or interleaved 1F1B), which overlaps the stages'
@@ -12,8 +12,8 @@ is tied to the embedding, `finish_gradients()` adds the first stage's and the la
 stage's gradients of that weight (an all-reduce between those two ranks) once the step's
 backward is done.
 
-Supported: the Llama family (Llama, Mistral, Qwen2) and GPT-2, with packed (unpadded)
-sequences.
+Supported: the families declaring pipeline parts and a stage (the Llama family: Llama,
+Mistral, Qwen2; GPT-2), with packed (unpadded) sequences.
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from torch.distributed.tensor import DTensor
 
-from trainwise.engine.parallel.pipeline_stages import DecoderStage, stage_class
 from trainwise.engine.parallel.reduce import all_reduce_in_place, plain_loss
+from trainwise.models.families.checks import pipeline_family
+from trainwise.models.families.stage import DecoderStage
 from trainwise.plan.errors import InputError
-from trainwise.plan.partition import PIPELINE_PARTS, balanced_bounds, rank_stages, stages_per_rank
+from trainwise.plan.partition import balanced_bounds, rank_stages, stages_per_rank
 
 _SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}
 
@@ -79,14 +80,14 @@ def build_pipeline(model: nn.Module, mesh: DeviceMesh, *, schedule: str, microba
     pp_mesh = mesh["pp"]
     pp = pp_mesh.size()
     base = getattr(model, "get_base_model", lambda: model)()
+    family = pipeline_family(base.config)
     rank = pp_mesh.get_local_rank()
     total = pp * stages_per_rank(schedule)
     bounds = balanced_bounds(base.config.num_hidden_layers, total)
     indices = rank_stages(rank, pp, schedule)
-    stage = stage_class(base.config)
-    modules = [stage(base, *bounds[i], is_first=i == 0, is_last=i == total - 1).to(device) for i in indices]
+    modules = [family.stage(base, *bounds[i], is_first=i == 0, is_last=i == total - 1).to(device) for i in indices]
     kept = {block for i in indices for block in range(*bounds[i])}
-    _drop_other_blocks(base.get_submodule(PIPELINE_PARTS[stage.family].blocks), kept)
+    _drop_other_blocks(base.get_submodule(family.pipeline.blocks), kept)
     group = pp_mesh.get_group()
     stages = [PipelineStage(module, i, total, device, group=group) for module, i in zip(modules, indices)]
     loss_function = base.loss_function

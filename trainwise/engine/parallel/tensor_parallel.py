@@ -12,9 +12,10 @@ the vocabulary into a vocab-parallel cross-entropy (`loss_parallel`): the full l
 never gathered. Every other weight (norms, position embeddings, classifier heads) is a
 replicated DTensor, so the optimizer and clipping see one kind of parameter.
 
-Sequence parallel (`--sequence-parallel`, causal LMs of the Llama family): between the
-attention and MLP sub-blocks every rank holds only its slice of the sequence. The first
-block cuts its input into sequence slices (no communication); each norm runs on its slice
+Sequence parallel (`--sequence-parallel`, causal LMs of a family declaring a
+SequenceParallelPlan: the Llama family): between the attention and MLP sub-blocks every
+rank holds only its slice of the sequence. The first block cuts its input into sequence
+slices (no communication); each norm the family names runs on its slice
 (SequenceParallel); the attention and the MLP all-gather their input to the whole sequence
 and their row-wise output projections reduce-scatter back to slices (in place of the
 all-reduce); the final norm runs on slices and the head gathers them. The residual stream
@@ -22,9 +23,10 @@ and the norms' saved activations are thus divided by tp, for the same communicat
 The embedding's output stays whole so that the model code which derives positions, the
 causal mask and rotary embeddings from its length sees the real sequence.
 
-Supported: the Llama family (Llama, Mistral, Qwen2: same module names), BERT and GPT-2,
-whose Conv1D projections (and the q, k, v they fuse) are split by conv1d_parallel.py; its
-attention then splits c_attn's local output by the rank's share of the hidden size.
+Which modules are split, and how, is each family's declaration (trainwise/models/families/:
+the Llama family, BERT and GPT-2); this module turns it into DTensor styles. Projections a
+family declares transposed (GPT-2's Conv1D, and the q, k, v it fuses) are split by
+conv1d_parallel.py; the size attributes a family names (GPT-2's split_size) are divided.
 
     model = apply_tensor_parallel(model, tp_mesh)
     with tensor_parallel_loss(model):   # around the loss computation *and* its backward
@@ -43,10 +45,10 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_modul
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                SequenceParallel, loss_parallel, parallelize_module)
 
-from trainwise.plan.errors import InputError
 from trainwise.engine.parallel.conv1d_parallel import ShardedConv1D
-from trainwise.plan.partition import (FUSED_PROJECTIONS, TP_BLOCK_PLANS, TP_FAMILY_OF, blocks_owner,
-                                      check_tensor_parallel, divide_local_sizes, replace_submodule)
+from trainwise.models.families import SequenceParallelPlan, family_of, replace_submodule
+from trainwise.models.families.checks import check_tensor_parallel
+from trainwise.plan.errors import InputError
 
 _VOCAB_PARALLEL_MARK = "_trainwise_vocab_parallel_head"
 
@@ -55,28 +57,25 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
     """Split `model` over `tp_mesh` in place (see the module docstring); returns it."""
     base = getattr(model, "get_base_model", lambda: model)()
     config = base.config
-    check_tensor_parallel(config, tp_mesh.size(), sequence_parallel)
-    family = TP_FAMILY_OF[config.model_type]
-    blocks_path, block_plan = TP_BLOCK_PLANS[family]
-    core = blocks_owner(base, blocks_path)
+    family = check_tensor_parallel(config, tp_mesh.size(), sequence_parallel) or family_of(config)  # tp 1: no check
+    core = family.blocks_owner(base)
     if core is None:
-        raise InputError("--tp", f"{type(base).__name__} has no {blocks_path} to split")
+        raise InputError("--tp", f"{type(base).__name__} has no {family.blocks} to split")
     embedding = base.get_input_embeddings()
     head = base.get_output_embeddings()
     if sequence_parallel and head is None:  # the head gathers the slices; other heads pool over them
         raise InputError("--sequence-parallel", f"is implemented for causal LMs; not {type(base).__name__}")
-    fused = FUSED_PROJECTIONS.get(config.model_type, {})
-    for index, block in enumerate(core.get_submodule(blocks_path)):
+    for index, block in enumerate(core.get_submodule(family.blocks)):
         styles = {}
-        for path, kind in block_plan.items():
-            if _is_conv1d(block.get_submodule(path)):
+        for path, kind in family.tensor_parallel.items():
+            if path in family.transposed:
                 replace_submodule(block, path, ShardedConv1D(block.get_submodule(path), tp_mesh, kind,
-                                                             fused.get(path, 1)))
+                                                             family.fused_projections.get(path, 1)))
             else:
                 styles[path] = _style(kind, sequence_parallel)
-        divide_local_sizes(block, family, tp_mesh.size())
+        family.divide_local_sizes(block, tp_mesh.size())
         if sequence_parallel:
-            styles.update(_SEQUENCE_PARALLEL_BLOCK)
+            styles.update(_sequence_parallel_styles(family.sequence_parallel))
         if styles:
             parallelize_module(block, tp_mesh, styles)
         if sequence_parallel and index == 0:  # the whole sequence comes in; later blocks get slices
@@ -86,9 +85,9 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
     tied = head is not None and head.weight is embedding.weight
     parallelize_module(embedding, tp_mesh, RowwiseParallel(input_layouts=Replicate()))
     if sequence_parallel:
-        final_norm = core.get_submodule(blocks_path.rpartition(".")[0] + ".norm")  # beside the blocks
+        final_norm = core.get_submodule(family.sequence_parallel.final_norm)
         parallelize_module(final_norm, tp_mesh, SequenceParallel(use_local_output=True))
-    if head is not None and family in ("llama", "gpt2"):
+    if head is not None and family.vocab_parallel_head:
         parallelize_module(head, tp_mesh, ColwiseParallel(input_layouts=Shard(1) if sequence_parallel else Replicate(),
                                                           output_layouts=Shard(-1), use_local_output=False))
         if tied:
@@ -133,12 +132,6 @@ def keep_embedding_gradient_sharded(model: nn.Module) -> None:
     param.register_hook(like_parameter)
 
 
-def _is_conv1d(module: nn.Module) -> bool:
-    from transformers.pytorch_utils import Conv1D
-
-    return isinstance(module, Conv1D)
-
-
 def _style(kind: str, sequence_parallel: bool = False):
     if kind == "colwise":
         return ColwiseParallel()
@@ -146,16 +139,19 @@ def _style(kind: str, sequence_parallel: bool = False):
     return RowwiseParallel(output_layouts=Shard(1)) if sequence_parallel else RowwiseParallel()
 
 
-# Llama-family block entries under sequence parallel (on top of the column/row-wise plan).
-_SEQUENCE_PARALLEL_BLOCK = {
-    "input_layernorm": SequenceParallel(),
-    "post_attention_layernorm": SequenceParallel(),
-    # The attention is called with keyword arguments, the MLP with one positional one.
-    "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
-                                    desired_input_kwarg_layouts={"hidden_states": Replicate()},
-                                    use_local_output=True),
-    "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True),
-}
+def _sequence_parallel_styles(plan: SequenceParallelPlan) -> dict:
+    """A block's entries under sequence parallel (on top of the column/row-wise plan): its
+    norms run on sequence slices; its sub-blocks all-gather their input, passed by keyword
+    (`hidden_states`) or as the first positional argument, to the whole sequence."""
+    styles = {norm: SequenceParallel() for norm in plan.norms}
+    for module in plan.gather_keyword:
+        styles[module] = PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                            desired_input_kwarg_layouts={"hidden_states": Replicate()},
+                                            use_local_output=True)
+    for module in plan.gather_positional:
+        styles[module] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                            use_local_output=True)
+    return styles
 
 
 def _replicate_the_rest(model: nn.Module, mesh: DeviceMesh) -> None:

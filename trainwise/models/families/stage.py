@@ -1,10 +1,10 @@
-"""Pipeline stages of unmodified decoders: one small module per family.
+"""Pipeline stages of unmodified decoders: what every family's stage shares.
 
 A stage *references* the user's own submodules under their original attribute paths
-(`model.layers.7`, `transformer.h.3`, `lm_head`, ...), so its state dict is a piece of the
-full model's with the same names and distributed checkpoints move between layouts by
-those names. Its forward repeats what the decoder's own forward does between those
-modules (positions, position embeddings, causal mask): the one per-family piece of code.
+(a block list's items, the embeddings, the final norm, `lm_head`), so its state dict is a
+piece of the full model's with the same names and distributed checkpoints move between
+layouts by those names. Each family's stage (in its module) repeats what the decoder's own
+forward does between those modules (positions, position embeddings, causal mask).
 
 A head tied to the token embedding (GPT-2, Llama 3.2 1B, Qwen2.5 0.5B) sits on the last
 stage while the embedding sits on the first: each of the two ranks holds its own copy of
@@ -17,21 +17,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trainwise.plan.partition import PIPELINE_FAMILY_OF, PIPELINE_PARTS
+from trainwise.models.families.base import PipelineParts
 
 
 class DecoderStage(nn.Module):
     """Blocks [first, end) of a causal LM, plus the embeddings (first stage) or the final
-    norm and head (last stage), under their original names (plan/partition.py's
-    PIPELINE_PARTS). Subclasses run them."""
+    norm and head (last stage), under their original names (the family's PipelineParts,
+    `parts`). Subclasses, one per family, run them."""
 
-    family = ""
+    parts: PipelineParts
 
     def __init__(self, causal_lm: nn.Module, first: int, end: int, is_first: bool, is_last: bool):
         super().__init__()
         self.config = causal_lm.config
         self.is_first, self.is_last = is_first, is_last
-        self.parts = PIPELINE_PARTS[self.family]
         blocks = causal_lm.get_submodule(self.parts.blocks)
         self._attach(self.parts.blocks, nn.ModuleDict({str(i): blocks[i] for i in range(first, end)}))
         for path in (self.parts.first if is_first else ()) + (self.parts.last if is_last else ()):
@@ -82,55 +81,3 @@ class DecoderStage(nn.Module):
         if layer_types:
             return layer_types[block]
         return "sliding_attention" if getattr(self.config, "sliding_window", None) is not None else "full_attention"
-
-
-class LlamaStage(DecoderStage):
-    """Llama, Mistral, Qwen2: rotary position embeddings computed on every stage; each block
-    gets the mask of its attention kind (full or sliding window), as the model's forward does."""
-
-    family = "llama"
-
-    def __init__(self, causal_lm: nn.Module, first: int, end: int, is_first: bool, is_last: bool):
-        super().__init__(causal_lm, first, end, is_first, is_last)
-        self.model.rotary_emb = causal_lm.model.rotary_emb  # buffers only, needed by every stage
-
-    def forward(self, tokens_or_hidden: torch.Tensor) -> torch.Tensor:
-        hidden = self.model.embed_tokens(tokens_or_hidden) if self.is_first else tokens_or_hidden
-        positions = self.positions(hidden)
-        masks = {}
-        rotary = self.model.rotary_emb(hidden, position_ids=positions)
-        for index, layer in self.get_submodule(self.parts.blocks).items():
-            kind = self.attention_kind(int(index))
-            if kind not in masks:
-                masks[kind] = self.causal_mask(hidden, positions, kind)
-            hidden = layer(hidden, attention_mask=masks[kind], position_embeddings=rotary, position_ids=positions)
-        if self.is_last:
-            return self.lm_head(self.model.norm(hidden))
-        return hidden
-
-
-class GPT2Stage(DecoderStage):
-    """GPT-2: learned position embeddings added on the first stage, dropout after them."""
-
-    family = "gpt2"
-
-    def forward(self, tokens_or_hidden: torch.Tensor) -> torch.Tensor:
-        positions = self.positions(tokens_or_hidden)
-        if self.is_first:
-            hidden = self.transformer.wte(tokens_or_hidden) + self.transformer.wpe(positions)
-            hidden = self.transformer.drop(hidden)
-        else:
-            hidden = tokens_or_hidden
-        mask = self.causal_mask(hidden, positions)
-        for block in self.blocks():
-            hidden = block(hidden, None, mask, position_ids=positions)
-        if self.is_last:
-            return self.lm_head(self.transformer.ln_f(hidden))
-        return hidden
-
-
-STAGE_CLASSES = {"llama": LlamaStage, "gpt2": GPT2Stage}
-
-
-def stage_class(config) -> type[DecoderStage]:
-    return STAGE_CLASSES[PIPELINE_FAMILY_OF[config.model_type]]

@@ -1,0 +1,52 @@
+"""GPT-2: Conv1D projections (weight [in, out]), q, k and v fused in one (`c_attn`).
+
+Tensor parallel splits c_attn and c_fc column-wise (c_attn per part, so every rank holds
+the same heads of q, k and v) and both c_proj row-wise; the attention splits c_attn's
+output by `split_size` and counts `num_heads`, which a rank divides by tp. The head size
+is derived from the hidden size, so a rank's shapes come from rebuilding the projections.
+The causal-LM head is vocab-parallel. No sequence parallel."""
+
+from __future__ import annotations
+
+import torch
+
+from trainwise.models.families.base import ModelFamily, PipelineParts
+from trainwise.models.families.stage import DecoderStage
+
+PARTS = PipelineParts("transformer.h", ("transformer.wte", "transformer.wpe", "transformer.drop"),
+                      ("transformer.ln_f", "lm_head"))
+
+
+class GPT2Stage(DecoderStage):
+    """GPT-2: learned position embeddings added on the first stage, dropout after them."""
+
+    parts = PARTS
+
+    def forward(self, tokens_or_hidden: torch.Tensor) -> torch.Tensor:
+        positions = self.positions(tokens_or_hidden)
+        if self.is_first:
+            hidden = self.transformer.wte(tokens_or_hidden) + self.transformer.wpe(positions)
+            hidden = self.transformer.drop(hidden)
+        else:
+            hidden = tokens_or_hidden
+        mask = self.causal_mask(hidden, positions)
+        for block in self.blocks():
+            hidden = block(hidden, None, mask, position_ids=positions)
+        if self.is_last:
+            return self.lm_head(self.transformer.ln_f(hidden))
+        return hidden
+
+
+FAMILY = ModelFamily(
+    name="gpt2",
+    model_types=("gpt2",),
+    blocks="h",
+    tensor_parallel={"attn.c_attn": "colwise", "attn.c_proj": "rowwise", "mlp.c_fc": "colwise",
+                     "mlp.c_proj": "rowwise"},
+    transposed=("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"),
+    fused_projections={"attn.c_attn": 3},
+    local_sizes=("attn.split_size", "attn.num_heads"),
+    vocab_parallel_head=True,
+    pipeline=PARTS,
+    stage=GPT2Stage,
+)
