@@ -43,9 +43,10 @@ from trainwise.estimate.extrapolate import block_count, with_blocks
 from trainwise.estimate.memory import MemoryEstimate
 from trainwise.plan.layout import Layout
 from trainwise.plan.partition import (FUSED_PROJECTIONS, PIPELINE_FAMILY_OF, PIPELINE_PARTS, TP_BLOCK_PLANS,
-                                      TP_FAMILY_OF, balanced_bounds, blocks_owner, data_parallel_choice,
-                                      divide_local_sizes, per_part_shape, pipeline_microbatches, rank_stages,
+                                      TP_FAMILY_OF, balanced_bounds, blocks_owner, divide_local_sizes,
+                                      per_part_shape, pipeline_microbatches, rank_stages,
                                       replace_submodule, stage_chunks_in_flight, stages_per_rank, zero_one_owner)
+from trainwise.plan.fsdp_settings import FsdpSettings
 from trainwise.plan.plan import Plan
 from trainwise.step.precision import precision_policy
 
@@ -169,9 +170,9 @@ def _local_projection(module: nn.Module, kind: str, tp: int) -> nn.Module:
 
 def rank_plan(plan: Plan, layout: Layout) -> Plan:
     """The one-device plan whose traced step is one pipeline chunk of this rank's work."""
-    batch = plan.batch_size // pipeline_microbatches(plan, layout.pp) if layout.pp > 1 else plan.batch_size
+    batch = layout.chunk_batch
     precision = plan.precision
-    if precision == "bf16" and data_parallel_choice(layout).kind == "fsdp":
+    if layout.data_parallel_kind == "fsdp" and FsdpSettings.for_layout(layout, precision).gathers_bf16:
         # FSDP2's bf16 policy computes on gathered bf16 copies (counted as communication
         # buffers), not on autocast's cached casts of fp32 weights: trace bf16 weights.
         precision = "bf16-pure"
@@ -211,7 +212,7 @@ def rank_memory(single: MemoryEstimate, activations_by_module: dict[str, int], m
     rank_plan), `activations_by_module` its saved activations per module."""
     policy = precision_policy(plan.precision, device_type)
     params = _rank_parameters(model, plan, policy, view, layout.tp)
-    choice = data_parallel_choice(layout).kind
+    choice = layout.data_parallel_kind
     shards = layout.fsdp if choice == "fsdp" else 1
     state = _state_bytes(params, plan, device_type, shards, layout.fsdp if choice == "zero1" else 1)
     host = 0
@@ -417,11 +418,11 @@ class _Communication:
         # they do not tell its start from later; without checkpointing the peak is at the
         # start (activations fall after it), with checkpointing assume later (more buffers).
         self.gradients_mark_progress = plan.grad_accum == 1 or plan.grad_ckpt
-        self.zero = layout.zero
+        self.settings = FsdpSettings.for_layout(layout, plan.precision)  # what engine/parallel/fsdp.py shards with
         self.blocks = view.blocks
         self.block = self.root = self.reduce_block = 0
         if self.fsdp:
-            compute = torch.bfloat16 if policy.name == "bf16" else None
+            compute = torch.bfloat16 if self.settings.gathers_bf16 else None
 
             def full(selected, dtype=None):
                 return sum(math.prod(p.shape) * (dtype or p.dtype).itemsize for p in selected)
@@ -434,19 +435,20 @@ class _Communication:
             total = layout.pp * stages_per_rank(plan.pp_schedule)
             directions = sum((s != 0) + (s != total - 1) for s in view.stages)
             microbatches = pipeline_microbatches(plan, layout.pp)
-            chunk = plan.batch_size // microbatches * plan.seq_len * hidden_size * policy.param_dtype.itemsize
+            chunk = layout.chunk_batch * plan.seq_len * hidden_size * policy.param_dtype.itemsize
             self.pipeline = directions * microbatches * chunk
 
     def at(self, phase: str, live: dict[str, int]) -> dict[str, int]:
         buffers = {"pipeline receive buffers": self.pipeline}
         if self.fsdp and phase in ("forward", "backward"):
             backward_started = phase == "backward" and live.get("gradients", 0) > 0 and self.gradients_mark_progress
-            if self.zero < 3:
+            prefetched = self.settings.prefetch_blocks
+            if not self.settings.reshard_after_forward:
                 gathered = self.blocks
             elif phase == "forward" or backward_started:
-                gathered = min(2, self.blocks)
+                gathered = min(1 + prefetched, self.blocks)
             else:
-                gathered = min(1, self.blocks)
+                gathered = min(prefetched, self.blocks)
             buffers["fsdp all-gathered parameters"] = self.root + gathered * self.block
             if backward_started:
                 buffers["fsdp reduce-scatter gradients"] = self.reduce_block
@@ -464,7 +466,7 @@ def _loss_parallel_extra(model: RankModel, plan: Plan, layout: Layout, view: Ran
         return 0
     if TP_FAMILY_OF.get(getattr(model.config, "model_type", "")) not in ("llama", "gpt2"):  # vocab-parallel heads
         return 0
-    chunk = plan.batch_size // pipeline_microbatches(plan, layout.pp) if layout.pp > 1 else plan.batch_size
+    chunk = layout.chunk_batch
     return chunk * plan.seq_len * model.config.vocab_size * 4  # model.config: already the rank's vocabulary
 
 
