@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from trainwise.engine.accumulation import gradient_sync
-from trainwise.engine.setup import apply_plan
+from trainwise.engine.parallelize import parallelize
 from trainwise.engine.train_step import training_step
 from trainwise.models import build_model, example_batch, resolve_model
 from trainwise.plan import Plan
@@ -17,7 +17,7 @@ def _gradients_after_one_step(batch_size: int, grad_accum: int, samples: dict) -
     spec = resolve_model("tiny-llama")
     model = build_model(spec, "cpu", attention="eager")
     plan = Plan(batch_size=batch_size, grad_accum=grad_accum, seq_len=16, device="cpu", max_grad_norm=0.0, lr=0.0)
-    setup = apply_plan(model, plan, torch.device("cpu"), total_steps=1)
+    setup = parallelize(model, plan, torch.device("cpu"), total_steps=1)
     micro = [{k: v[i:i + batch_size] for k, v in samples.items()} for i in range(0, 4, batch_size)]
     captured = {}
     # Read the accumulated gradients just before the optimizer step zeroes them.

@@ -15,7 +15,7 @@ import torch
 from trainwise.engine import checkpoint as checkpoint_module
 from trainwise.engine.checkpoint import TrainingState, latest_checkpoint, restore_checkpoint, save_checkpoint
 from trainwise.engine.export import export_final
-from trainwise.engine.setup import apply_plan
+from trainwise.engine.parallelize import parallelize
 from trainwise.engine.train_step import training_step
 from trainwise.models import build_model, example_batch, resolve_model
 from trainwise.plan import InputError, Plan
@@ -27,8 +27,8 @@ def _setup(name="tiny-llama", **knobs):
     torch.manual_seed(0)
     spec = resolve_model(name)
     plan = Plan(device="cpu", batch_size=2, seq_len=16, **knobs)
-    return spec, plan, apply_plan(build_model(spec, "cpu", attention="eager"), plan, CPU, total_steps=10,
-                                  task=spec.task)
+    return spec, plan, parallelize(build_model(spec, "cpu", attention="eager"), plan, CPU, total_steps=10,
+                                   task=spec.task)
 
 
 def _batches(spec, start=0):

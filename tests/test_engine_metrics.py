@@ -16,7 +16,7 @@ from trainwise.engine.memory_probe import MemoryProbe
 from trainwise.engine.memory_nvml import ProcessGpuMemory
 from trainwise.engine.metrics import STEP_KEYS, SUMMARY_KEYS, MetricsLog, StepTimer
 from trainwise.engine.run import _live_tensors
-from trainwise.engine.setup import apply_plan
+from trainwise.engine.parallelize import parallelize
 from trainwise.engine.train_step import training_step
 from trainwise.estimate.extrapolate import block_count, with_blocks
 from trainwise.hardware import resolve_device
@@ -120,7 +120,7 @@ def test_cpu_probe_matches_the_reference_measurement_and_ignores_other_steps():
     torch.manual_seed(0)
     spec = resolve_model("tiny-llama")
     plan = Plan(device="cpu", batch_size=2, seq_len=32, grad_accum=2)
-    setup = apply_plan(build_model(spec, "cpu", attention=plan.attention), plan, torch.device("cpu"), 3)
+    setup = parallelize(build_model(spec, "cpu", attention=plan.attention), plan, torch.device("cpu"), 3)
     generator = torch.Generator().manual_seed(0)
     batches = iter(lambda: example_batch(spec, 2, 32, generator=generator), None)
     probe = MemoryProbe(torch.device("cpu"), probe_step=1)

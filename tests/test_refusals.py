@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from fault_log import lost_files, tree_digest
-from trainwise.api import benchmark, training
+from trainwise.api import benchmark
 from trainwise.api.oom_advice import fitting_changes
 from trainwise.cli.main import main
 from trainwise.hardware import resolve_device
@@ -20,6 +20,7 @@ from trainwise.models import resolve_model
 from trainwise.plan import InputError, Plan
 
 estimate_module = importlib.import_module("trainwise.api.estimate")  # the package exports the function
+training = importlib.import_module("trainwise.engine.job")  # where the model is built
 SMALL = ["--device", "cpu", "--seq-len", "16", "--batch-size", "1"]
 COMMANDS = ("estimate", "train", "bench")
 

@@ -250,7 +250,7 @@ def _quick_refusal(argv, capsys, field):
 
 @pytest.mark.fault
 def test_train_output_naming_a_file_is_refused_before_the_build(tmp_path, capsys, fault_log, monkeypatch):
-    import trainwise.api.training as training
+    import trainwise.engine.job as training
 
     monkeypatch.setattr(training, "_build", _must_not_run)
     target = tmp_path / "run.txt"
@@ -281,7 +281,7 @@ def _small_filesystem(path: Path, options: str):
 
 @pytest.mark.fault
 def test_train_output_in_a_read_only_directory_is_refused(tmp_path, capsys, fault_log, monkeypatch):
-    import trainwise.api.training as training
+    import trainwise.engine.job as training
 
     monkeypatch.setattr(training, "_build", _must_not_run)
     locked = tmp_path / "locked"
@@ -302,7 +302,7 @@ def test_train_output_in_a_read_only_directory_is_refused(tmp_path, capsys, faul
 
 @pytest.mark.fault
 def test_train_output_without_room_is_refused_with_the_numbers(tmp_path, capsys, fault_log, monkeypatch):
-    import trainwise.api.training as training
+    import trainwise.engine.job as training
 
     monkeypatch.setattr(training, "_build", _must_not_run)
     small = tmp_path / "small"
@@ -349,7 +349,7 @@ def test_train_under_nproc_checks_the_output_before_torchrun(tmp_path, capsys, f
 @pytest.mark.fault
 def test_train_refuses_before_the_build_a_final_directory_it_did_not_write(tmp_path, capsys, fault_log,
                                                                            monkeypatch):
-    import trainwise.api.training as training
+    import trainwise.engine.job as training
 
     monkeypatch.setattr(training, "_build", _must_not_run)
     final = tmp_path / "run" / "final"

@@ -1,5 +1,5 @@
 """`trainwise train` end to end on the CPU: the loss falls, techniques apply, faults are
-explained, and the run files keep DESIGN.md's contracts."""
+explained, and the run files keep the contracts of docs/train.md."""
 
 import json
 import math

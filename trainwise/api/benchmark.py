@@ -47,7 +47,7 @@ def bench(model: str | None = None, ladder: str | None = None, *, steps: int = 1
           timeout_s: float = ROW_TIMEOUT_S, on_row: Callable[[dict], None] | None = None) -> list[dict]:
     """Run every rung of `ladder` (a name or a YAML file; default: `default` on a GPU,
     `quick` on a CPU) with trainwise and, unless `baseline` is "none", the HF Trainer, and
-    return the rows (DESIGN.md's bench row contract; times in seconds, memory in bytes).
+    return the rows (the bench row contract of docs/train.md; times in seconds, memory in bytes).
 
     Each row runs in its own process. results.json and results.csv in `out` are rewritten
     after every row, so an interrupted ladder keeps what finished; chart.png and results.md

@@ -15,6 +15,7 @@ from trainwise.models import ModelSpec
 from trainwise.models.attention import check_flash, pick_attention
 from trainwise.plan.combinations import check_combinations
 from trainwise.plan.errors import InputError, NotSupportedYet
+from trainwise.plan.layout import Layout
 from trainwise.plan.plan import Plan
 
 
@@ -25,15 +26,23 @@ def check_request(plan: Plan, device: Device, spec: ModelSpec | None = None, *,
     machine (train, bench), so its packages and GPUs must be present; `estimate` predicts
     for a device that may be elsewhere. `world_size`: the processes a launched run has
     (default: what the plan names)."""
-    check_combinations(plan, world_size)
+    plan, notes, _ = check_request_and_layout(plan, device, spec, here=here, world_size=world_size)
+    return plan, notes
+
+
+def check_request_and_layout(plan: Plan, device: Device, spec: ModelSpec | None = None, *,
+                             here: bool, world_size: int | None = None) -> tuple[Plan, list[str], Layout]:
+    """check_request, with the plan's Layout on `world_size` processes, resolved once for
+    the checks and kept for the run."""
+    layout = check_combinations(plan, world_size)
     check_device_support(plan, device)
     if here:
         check_installation(plan, device.kind)
     if plan.attention != "auto":
         check_flash(plan, device, spec, here)
-        return plan, []
+        return plan, [], layout
     choice, note = pick_attention(device, spec, here)
-    return plan.replace(attention=choice), [note]
+    return plan.replace(attention=choice), [note], layout
 
 
 def check_device_support(plan: Plan, device: Device) -> None:

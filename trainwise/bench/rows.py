@@ -1,4 +1,4 @@
-"""Bench rows: DESIGN.md's row contract, built from a run's metrics summary."""
+"""Bench rows: the row contract of docs/train.md, built from a run's metrics summary."""
 
 from __future__ import annotations
 

@@ -7,6 +7,10 @@ Folders and files, each one concept:
     flops.py        model FLOPs per micro-batch, counted on fake tensors (for MFU)
     memory_probe.py measured peak memory (CUDA allocator + NVML, or CPU tensor memory)
     metrics.py      throughput / MFU bookkeeping and the JSON-lines metrics file
-    setup.py        apply(plan, model): the techniques in their documented order
-    loop.py         the training loop: accumulation, loss scaling, clipping, NaN handling
+    parallelize.py  parallelize(model, plan): every technique in its one documented order
+    setup.py        TrainingSetup: what the loop runs
+    parallel/       the layouts: mesh, tensor/pipeline/data parallel, FSDP2, --classic
+    train_step.py   one optimizer step: accumulation, loss scaling, clipping, NaN handling
+    run.py          the run: steps, logging, evaluation, checkpoints, the summary
+    job.py          a training job from request to result (what trainwise.api.train runs)
 """

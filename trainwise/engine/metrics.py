@@ -1,6 +1,6 @@
-"""The JSON-lines metrics file (`--metrics FILE`), in DESIGN.md's format.
+"""The JSON-lines metrics file (`--metrics FILE`), in the format docs/train.md documents.
 
-One line per logged step, DESIGN.md's keys first ({"step", "loss", "lr", "tokens_per_s",
+One line per logged step, its keys first ({"step", "loss", "lr", "tokens_per_s",
 "samples_per_s", "mfu", "peak_allocated", "skipped"}; one the writer did not give is
 null), then any extras; a last line {"summary": {...}} likewise. Units: seconds, bytes,
 per-second rates, MFU as a fraction.
@@ -57,7 +57,7 @@ class MetricsLog:
 
 
 def _in_order(record: dict, keys: tuple[str, ...]) -> dict:
-    """DESIGN.md's keys first, in its order (null where missing), then the extras."""
+    """`keys` first, in their order (null where missing), then the extras."""
     return {**{key: record.get(key) for key in keys}, **{k: v for k, v in record.items() if k not in keys}}
 
 

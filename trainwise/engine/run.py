@@ -84,7 +84,7 @@ def run_training(setup: TrainingSetup, data, plan: Plan, run: RunConfig, *, flop
     of one optimizer step (None: no MFU); `peak_flops` the device's peak FLOP/s for the
     plan's dtype (None on a CPU). Raises Preempted after saving when a stop signal came,
     WriteFailed when a checkpoint could not be written."""
-    with StopSignals(distributed=_distributed(setup), device=setup.device) as stops:
+    with StopSignals(distributed=setup.has_mesh, device=setup.device) as stops:
         return _run(setup, data, plan, run, flops_per_step, peak_flops, on_step, stops)
 
 
@@ -163,14 +163,10 @@ def _run(setup: TrainingSetup, data, plan: Plan, run: RunConfig, flops_per_step:
     return RunOutcome(state.step, started, final_loss, summary, checkpoint, exports, eval_loss)
 
 
-def _distributed(setup: TrainingSetup) -> bool:
-    return setup.distributed is not None and setup.distributed.mesh is not None
-
-
 def _export(run: RunConfig, setup: TrainingSetup, checkpoint: Path) -> dict:
     """The final weights as a Hugging Face directory (rank 0 writes it; a distributed run
     exports from its reshardable checkpoint)."""
-    if not _distributed(setup):
+    if not setup.has_mesh:
         return export_final(run.output, setup.model)
     from trainwise.engine.parallel.distributed_checkpoint import export_from_distributed
 
@@ -184,7 +180,7 @@ def _resume_state(setup: TrainingSetup, run: RunConfig, plan: Plan) -> TrainingS
     if not run.output:
         raise InputError("--resume", "needs --output DIR (where the checkpoints are)")
     path = _checkpoint_to_resume(setup, run)
-    if _distributed(setup):
+    if setup.has_mesh:
         from trainwise.engine.parallel.distributed_checkpoint import load_distributed_checkpoint
 
         return load_distributed_checkpoint(path, setup=setup, plan=plan)
@@ -195,9 +191,9 @@ def _resume_state(setup: TrainingSetup, run: RunConfig, plan: Plan) -> TrainingS
 def _checkpoint_to_resume(setup: TrainingSetup, run: RunConfig) -> Path:
     """The newest intact checkpoint; one warning line when newer ones were damaged. Under
     torchrun rank 0 checks the files once and tells the others."""
-    main = not _distributed(setup) or setup.distributed.is_main
+    main = not setup.has_mesh or setup.distributed.is_main
     choice = _choose_checkpoint(run.output) if main else None
-    if _distributed(setup):
+    if setup.has_mesh:
         from trainwise.engine.parallel.distributed_checkpoint import _from_rank_zero
 
         choice = _from_rank_zero(choice)
@@ -237,7 +233,7 @@ def _save(run: RunConfig, state: TrainingState, setup: TrainingSetup, plan: Plan
     """Save a checkpoint; a write that fails (disk full, no permission, read back wrong)
     ends the run with WriteFailed naming the checkpoint left intact."""
     try:
-        if _distributed(setup):
+        if setup.has_mesh:
             from trainwise.engine.parallel.distributed_checkpoint import save_distributed_checkpoint
 
             return save_distributed_checkpoint(run.output, state, setup=setup, plan=plan, run=run)
@@ -270,7 +266,7 @@ def _live_tensors(setup: TrainingSetup):
 
 
 def _metrics_line(entry: StepLog) -> dict:
-    """One metrics-file line: DESIGN.md's keys first, then extras."""
+    """One metrics-file line: the step keys of docs/train.md first, then extras."""
     outcome = entry.outcome
     return {"step": entry.step, "loss": outcome.loss, "lr": outcome.lr, "tokens_per_s": entry.tokens_per_s,
             "samples_per_s": entry.samples_per_s, "mfu": entry.mfu, "peak_allocated": entry.peak_allocated,

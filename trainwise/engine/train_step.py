@@ -61,7 +61,7 @@ def training_step(setup: TrainingSetup, batches: Iterator[dict], plan: Plan, *, 
     if setup.pipeline is not None:
         setup.pipeline.finish_gradients()  # a head tied to the embedding: add the two stages' gradients
     local_loss = torch.stack(losses).mean() if losses else None
-    if setup.distributed is not None and setup.distributed.mesh is not None:
+    if setup.has_mesh:
         mean_loss = parallel_mean_loss(local_loss, setup.distributed)  # the same value on every rank
     else:
         mean_loss = local_loss.item()  # one device sync per step
@@ -75,7 +75,7 @@ def training_step(setup: TrainingSetup, batches: Iterator[dict], plan: Plan, *, 
     if plan.max_grad_norm > 0:
         scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
         params = [p for p in model.parameters() if p.grad is not None]
-        if setup.distributed is not None and setup.distributed.mesh is not None:
+        if setup.has_mesh:
             counted_elsewhere = setup.pipeline.counted_elsewhere() if setup.pipeline is not None else ()
             grad_norm = clip_gradients(params, plan.max_grad_norm, setup.distributed, counted_elsewhere)
         else:

@@ -42,7 +42,6 @@ from trainwise.estimate.rank_shapes import headless_workload, rank_config, rank_
 from trainwise.estimate.rank_states import STATE_KEYS, rank_parameters, shard_shape, state_bytes
 from trainwise.estimate.rank_view import RankModel, RankView, rank_plan, rank_views
 from trainwise.plan.layout import Layout
-from trainwise.plan.partition import data_parallel_choice
 from trainwise.plan.plan import Plan
 from trainwise.step.precision import precision_policy
 
@@ -59,7 +58,7 @@ def rank_memory(single: MemoryEstimate, activations_by_module: dict[str, int], m
     rank_plan), `activations_by_module` its saved activations per module."""
     policy = precision_policy(plan.precision, device_type)
     params = rank_parameters(model, plan, policy, view, layout.tp)
-    choice = data_parallel_choice(layout).kind
+    choice = layout.data_parallel_kind
     shards = layout.fsdp if choice == "fsdp" else 1
     state = state_bytes(params, plan, device_type, shards, layout.fsdp if choice == "zero1" else 1)
     host = 0

@@ -9,7 +9,6 @@ from __future__ import annotations
 from trainwise.estimate.rank_view import RankModel, RankView
 from trainwise.models.families import family_of
 from trainwise.plan.layout import Layout
-from trainwise.plan.partition import pipeline_microbatches
 from trainwise.plan.plan import Plan
 
 
@@ -68,5 +67,5 @@ def loss_parallel_extra(model: RankModel, plan: Plan, layout: Layout, view: Rank
     family = family_of(model.config)
     if family is None or not family.vocab_parallel_head:
         return 0
-    chunk = plan.batch_size // pipeline_microbatches(plan, layout.pp) if layout.pp > 1 else plan.batch_size
+    chunk = layout.chunk_batch
     return chunk * plan.seq_len * model.config.vocab_size * 4  # model.config: already the rank's vocabulary

@@ -11,6 +11,7 @@ import torch
 from trainwise.estimate.rank_states import RankParameter
 from trainwise.estimate.rank_view import RankView
 from trainwise.plan.layout import Layout
+from trainwise.plan.fsdp_settings import FsdpSettings
 from trainwise.plan.partition import pipeline_microbatches, stages_per_rank
 from trainwise.plan.plan import Plan
 
@@ -39,11 +40,11 @@ class Communication:
         # they do not tell its start from later; without checkpointing the peak is at the
         # start (activations fall after it), with checkpointing assume later (more buffers).
         self.gradients_mark_progress = plan.grad_accum == 1 or plan.grad_ckpt
-        self.zero = layout.zero
+        self.settings = FsdpSettings.for_layout(layout, plan.precision)  # what engine/parallel/fsdp.py shards with
         self.blocks = view.blocks
         self.block = self.root = self.reduce_block = 0
         if self.fsdp:
-            compute = torch.bfloat16 if policy.name == "bf16" else None
+            compute = torch.bfloat16 if self.settings.gathers_bf16 else None
 
             def full(selected, dtype=None):
                 return sum(math.prod(p.shape) * (dtype or p.dtype).itemsize for p in selected)
@@ -56,19 +57,20 @@ class Communication:
             total = layout.pp * stages_per_rank(plan.pp_schedule)
             directions = sum((s != 0) + (s != total - 1) for s in view.stages)
             microbatches = pipeline_microbatches(plan, layout.pp)
-            chunk = plan.batch_size // microbatches * plan.seq_len * hidden_size * policy.param_dtype.itemsize
+            chunk = layout.chunk_batch * plan.seq_len * hidden_size * policy.param_dtype.itemsize
             self.pipeline = directions * microbatches * chunk
 
     def at(self, phase: str, live: dict[str, int]) -> dict[str, int]:
         buffers = {"pipeline receive buffers": self.pipeline}
         if self.fsdp and phase in ("forward", "backward"):
             backward_started = phase == "backward" and live.get("gradients", 0) > 0 and self.gradients_mark_progress
-            if self.zero < 3:
+            prefetched = self.settings.prefetch_blocks
+            if not self.settings.reshard_after_forward:
                 gathered = self.blocks
             elif phase == "forward" or backward_started:
-                gathered = min(2, self.blocks)
+                gathered = min(1 + prefetched, self.blocks)
             else:
-                gathered = min(1, self.blocks)
+                gathered = min(prefetched, self.blocks)
             buffers["fsdp all-gathered parameters"] = self.root + gathered * self.block
             if backward_started:
                 buffers["fsdp reduce-scatter gradients"] = self.reduce_block

@@ -11,8 +11,9 @@ from torch import nn
 
 from trainwise.estimate.extrapolate import block_count
 from trainwise.plan.layout import Layout
-from trainwise.plan.partition import (balanced_bounds, data_parallel_choice, pipeline_microbatches, rank_stages,
-                                      stage_chunks_in_flight, stages_per_rank)
+from trainwise.plan.fsdp_settings import FsdpSettings
+from trainwise.plan.partition import (balanced_bounds, pipeline_microbatches, rank_stages, stage_chunks_in_flight,
+                                      stages_per_rank)
 from trainwise.plan.plan import Plan
 
 
@@ -68,9 +69,9 @@ class RankModel:
 
 def rank_plan(plan: Plan, layout: Layout) -> Plan:
     """The one-device plan whose traced step is one pipeline chunk of this rank's work."""
-    batch = plan.batch_size // pipeline_microbatches(plan, layout.pp) if layout.pp > 1 else plan.batch_size
+    batch = layout.chunk_batch
     precision = plan.precision
-    if precision == "bf16" and data_parallel_choice(layout).kind == "fsdp":
+    if layout.data_parallel_kind == "fsdp" and FsdpSettings.for_layout(layout, precision).gathers_bf16:
         # FSDP2's bf16 policy computes on gathered bf16 copies (counted as communication
         # buffers), not on autocast's cached casts of fp32 weights: trace bf16 weights.
         precision = "bf16-pure"

@@ -5,14 +5,21 @@ the estimate divides memory by it, so both read the same degrees.
 
 Degrees the user leaves at 1 are filled from the world size: whatever `dp x fsdp x tp x pp`
 leaves over goes to sharded data parallel when a ZeRO stage is named without --fsdp, else
-to plain data parallel (DDP; replicas of the shard groups when --fsdp is named too). The product of the degrees must then equal the world size.
+to plain data parallel (DDP; replicas of the shard groups when --fsdp is named too). The
+product of the degrees must then equal the world size.
+
+What follows from the degrees is decided here once, for the engine and the estimate alike:
+how data parallelism is done (`Layout.data_parallel_kind`) and how many rows one pipeline
+chunk carries (`Layout.chunk_batch`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from trainwise.plan.errors import InputError
+from trainwise.plan.partition import pipeline_microbatches
 
 
 @dataclass(frozen=True)
@@ -21,7 +28,11 @@ class Layout:
 
     Mesh dimensions, outermost first: pp, dp (replicas), fsdp (shards), tp. Tensor
     parallel is innermost so its frequent collectives stay between neighbouring ranks
-    (same node), pipeline outermost because it sends the least."""
+    (same node), pipeline outermost because it sends the least.
+
+    `microbatches`: the pipeline chunks one micro-batch is split into (1 without --pp);
+    `chunk_batch`: the rows (sequences) of one such chunk, the whole micro-batch without
+    --pp."""
 
     world: int
     dp: int
@@ -31,6 +42,8 @@ class Layout:
     zero: int
     cpu_offload: bool
     sequence_parallel: bool = False
+    microbatches: int = 1
+    chunk_batch: int = 1
 
     MESH_DIMS = ("pp", "dp", "fsdp", "tp")
 
@@ -46,6 +59,26 @@ class Layout:
     @property
     def is_distributed(self) -> bool:
         return self.world > 1
+
+    @cached_property
+    def data_parallel_kind(self) -> str:
+        """How data parallelism is done: "none" (one data-parallel rank, no sharding),
+        "ddp" (DistributedDataParallel), "zero1" (DDP with the optimizer states sharded by
+        ZeroRedundancyOptimizer) or "fsdp" (FSDP2 fully_shard: ZeRO-2/3, and any data
+        parallelism next to tensor or pipeline parallel, where FSDP2 replicates over dp
+        because DDP does not compose with DTensor or pipeline stages).
+
+        Raises InputError("--zero") for ZeRO-1 next to --tp, --pp or --dp."""
+        if self.data_parallel == 1 and not self.zero:
+            return "none"
+        if self.zero == 1:
+            if self.tp > 1 or self.pp > 1 or self.dp > 1:
+                raise InputError("--zero", "ZeRO-1 runs on plain data parallel only; with --tp, --pp or --dp use "
+                                           "--zero 2 or 3")
+            return "zero1"
+        if self.zero >= 2 or self.tp > 1 or self.pp > 1:
+            return "fsdp"
+        return "ddp"
 
     def describe(self) -> str:
         parts = [f"{name}={size}" for name, size in zip(self.MESH_DIMS, self.mesh_shape) if size > 1]
@@ -93,5 +126,7 @@ def resolve_layout(plan, world_size: int | None = None) -> Layout:
         raise InputError("--sequence-parallel", "is not combined with --pp yet (stages pass whole sequences)")
     if plan.sequence_parallel and plan.seq_len % tp:
         raise InputError("--sequence-parallel", f"needs --seq-len divisible by --tp {tp}; got {plan.seq_len}")
+    microbatches = pipeline_microbatches(plan, pp) if pp > 1 else 1
     return Layout(world=world, dp=dp, fsdp=fsdp, tp=tp, pp=pp, zero=zero, cpu_offload=plan.cpu_offload,
-                  sequence_parallel=plan.sequence_parallel)
+                  sequence_parallel=plan.sequence_parallel, microbatches=microbatches,
+                  chunk_batch=plan.batch_size // microbatches)

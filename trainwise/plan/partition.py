@@ -127,22 +127,11 @@ class DataParallelChoice:
     """How data parallelism is done for a layout: "none", "ddp", "zero1" or "fsdp"."""
 
     kind: str
-    reason: str = ""
 
 
 def data_parallel_choice(layout) -> DataParallelChoice:
-    if layout.data_parallel == 1 and not layout.zero:
-        return DataParallelChoice("none")
-    if layout.zero == 1:
-        if layout.tp > 1 or layout.pp > 1 or layout.dp > 1:
-            raise InputError("--zero", "ZeRO-1 runs on plain data parallel only; with --tp, --pp or --dp use "
-                                       "--zero 2 or 3")
-        return DataParallelChoice("zero1", "DDP with optimizer states sharded (ZeroRedundancyOptimizer)")
-    if layout.zero >= 2:
-        return DataParallelChoice("fsdp", f"FSDP2 fully_shard, ZeRO-{layout.zero}")
-    if layout.tp > 1 or layout.pp > 1:
-        return DataParallelChoice("fsdp", "FSDP2 replicating over dp (DDP does not compose with DTensor/pipelines)")
-    return DataParallelChoice("ddp", "DistributedDataParallel")
+    """The layout's own decision (Layout.data_parallel_kind, which raises the ZeRO-1 refusal)."""
+    return DataParallelChoice(layout.data_parallel_kind)
 
 
 def check_layout_combination(plan, layout) -> None:
@@ -153,4 +142,4 @@ def check_layout_combination(plan, layout) -> None:
     if plan.precision == "fp16" and layout.zero >= 2:
         raise InputError("--precision", "fp16 loss scaling is not wired to sharded gradients yet; use bf16 with "
                                         "--zero 2/3")
-    data_parallel_choice(layout)
+    layout.data_parallel_kind  # noqa: B018 - raises the ZeRO-1 refusal

@@ -1,4 +1,6 @@
-"""The order techniques are applied to a model, and how a loss is read from its output."""
+"""The step recipe: the techniques every layout applies to the model itself, in order, and
+how a loss is read from its output. The engine runs it after tensor parallel and before
+the pipeline split (engine/parallelize.py); the estimate traces the same recipe."""
 
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from trainwise.plan.errors import InputError
+from trainwise.plan.plan import Plan
 from trainwise.step.checkpointing import largest_module_list
 
 
@@ -92,3 +93,15 @@ def _move(value, device: torch.device):
     if isinstance(value, dict):
         return {k: _move(v, device) for k, v in value.items()}
     return value
+
+
+def apply_classic(model: nn.Module, forward: nn.Module, plan: Plan, device: torch.device) -> nn.Module:
+    """What the loop calls under `--classic`: nn.DataParallel around `forward`, or `forward`
+    itself once the blocks of `model` are placed vertically over the visible GPUs."""
+    # One process over at least two GPUs: anything else was refused up front
+    # (trainwise/api/compatibility.py), since it would change nothing.
+    devices = classic_devices(device)
+    if plan.classic == "vertical":
+        place_vertically(model, devices)
+        return forward
+    return data_parallel_module(forward, devices)

@@ -14,7 +14,7 @@ from trainwise.plan.errors import InputError
 def check_same_settings(settings: dict, distributed) -> None:
     """Raise InputError on every rank when any rank's `settings` differ from rank 0's,
     naming the first rank and the keys that differ."""
-    if distributed.mesh is None:
+    if not distributed.has_mesh:
         return
     gathered: list = [None] * distributed.world
     dist.all_gather_object(gathered, settings)

@@ -35,6 +35,12 @@ class Distributed:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def has_mesh(self) -> bool:
+        """Whether this run goes through torch.distributed: several ranks, or one rank that
+        shards (FSDP2 needs a process group even then)."""
+        return self.mesh is not None
+
     def submesh(self, *names: str) -> DeviceMesh:
         return self.mesh[names if len(names) > 1 else names[0]]
 
@@ -58,19 +64,20 @@ def launched_world_size() -> int:
     return int(os.environ["WORLD_SIZE"]) if under_torchrun() else 1
 
 
-def start_distributed(plan: Plan, device_type: str) -> Distributed:
+def start_distributed(plan: Plan, device_type: str, layout: Layout | None = None) -> Distributed:
     """Join the process group (gloo on CPU, NCCL on CUDA) and build the mesh; a one-device
     run gets a Distributed with no mesh, unless it shards (ZeRO-3 with CPU offload on one
-    GPU: FSDP2 needs a process group, of one rank then)."""
+    GPU: FSDP2 needs a process group, of one rank then). `layout`: the plan's Layout on
+    the launched world size where the caller resolved it already (else resolved here)."""
     world = launched_world_size()
+    if layout is None:
+        layout = resolve_layout(plan, world)  # before joining: a bad layout fails on every rank alike
     if world == 1:
-        layout = resolve_layout(plan, 1)
         if not layout.zero:
             return Distributed(0, 1, 0, layout, None)
         _single_rank_environment()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    layout = resolve_layout(plan, world)  # before joining: a bad layout fails on every rank alike
     if device_type == "cuda":
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
