@@ -29,12 +29,12 @@ import sys
 import pytest
 
 from trainwise.api import estimate
-from trainwise.estimate.extrapolate import (TRACED_BLOCKS, extrapolated_stacks, same_timeline, synthesize_trace,
-                                             with_blocks)
+from trainwise.estimate.extrapolate import extrapolated_stacks, same_timeline, synthesize_trace
 from trainwise.estimate.memory import memory_from_trace
 from trainwise.hardware import resolve_device
 from trainwise.models import resolve_model
 from trainwise.plan.plan import Plan
+from trainwise.trace.depth import TRACED_BLOCKS, with_blocks
 
 # `trainwise.api.estimate` the function shadows the module of the same name.
 _estimate_module = sys.modules["trainwise.api.estimate"]

@@ -9,9 +9,8 @@ from dataclasses import dataclass, field
 from trainwise.api.compatibility import check_estimate_support, check_request
 from trainwise.estimate.per_rank import (RankModel, rank_config, rank_memory, rank_plan,
                                          headless_workload, rank_reshape, rank_views)
-from trainwise.estimate.extrapolate import (TRACED_BLOCKS, CannotSynthesize, block_count, extrapolate_dataclass,
-                                             extrapolated_stacks, same_timeline, should_extrapolate,
-                                             synthesize_trace, with_blocks)
+from trainwise.estimate.extrapolate import (CannotSynthesize, extrapolate_dataclass, extrapolated_stacks,
+                                             same_timeline, synthesize_trace)
 from trainwise.estimate.memory import MemoryEstimate, memory_from_trace
 from trainwise.hardware import Device, resolve_device
 from trainwise.models import (ModelSpec, build_model_with_notes, check_seq_len, count_parameters, example_batch,
@@ -19,6 +18,7 @@ from trainwise.models import (ModelSpec, build_model_with_notes, check_seq_len, 
 from trainwise.plan.layout import resolve_layout
 from trainwise.plan.partition import check_model_layout, data_parallel_choice
 from trainwise.plan.plan import Plan
+from trainwise.trace.depth import TRACED_BLOCKS, block_count, should_extrapolate, with_blocks
 from trainwise.trace.step_trace import StepTrace, trace_training_step
 
 

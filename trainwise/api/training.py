@@ -23,7 +23,8 @@ from trainwise.api.compatibility import check_request
 from trainwise.api.estimate import estimate
 from trainwise.api.oom_advice import oom_message
 from trainwise.engine.data import build_data
-from trainwise.engine.flops import count_training_flops, peak_flops_for
+from trainwise.engine.flops import peak_flops_for
+from trainwise.trace.flops import count_training_flops
 from trainwise.engine.output_preflight import check_training_output, count_parameters_of
 from trainwise.engine.parallel.consistency import check_same_settings, settings_of
 from trainwise.engine.parallel.mesh import Distributed, launched_world_size, start_distributed

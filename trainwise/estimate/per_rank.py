@@ -39,7 +39,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from trainwise.estimate.extrapolate import block_count, with_blocks
+from trainwise.trace.depth import block_count, with_blocks
 from trainwise.estimate.memory import MemoryEstimate
 from trainwise.plan.layout import Layout
 from trainwise.plan.partition import (FUSED_PROJECTIONS, PIPELINE_FAMILY_OF, PIPELINE_PARTS, TP_BLOCK_PLANS,
