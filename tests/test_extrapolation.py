@@ -136,6 +136,7 @@ def _table(result, full) -> str:
     return "\n".join(rows)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case_id", _params())
 def test_sums_over_blocks_are_exact(case_id):
     result, full_trace, full = _run(case_id)
@@ -156,6 +157,7 @@ def test_repeated_blocks_give_every_figure_of_the_full_trace(case_id):
         _table(result, full)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case_id", ["llama-a100-bf16-ckpt", "bert-a100-ckpt", "t5-cpu-fp32", "mistral-a100-fp32"])
 def test_repeated_timeline_is_the_full_traces(case_id):
     """Event for event (sizes and categories; a burst of frees as a set)."""
