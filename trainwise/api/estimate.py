@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 
 from trainwise.api.compatibility import check_estimate_support, check_request
+# The two routes, as names of this module: tests stub them to show that a refused request
+# never reaches a model build.
 from trainwise.estimate.layout_estimate import layout_estimate as _per_rank
 from trainwise.estimate.predict import one_device_estimate as _one_device
 from trainwise.estimate.result import EstimateResult
