@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.trainwise-installed
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test test-fast clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest
+
+# Local iteration: leaves out the tests marked slow (over ~10 s) or distributed (torchrun/gloo).
+test-fast: setup
+	$(PY) -m pytest -m "not slow and not distributed"
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -1,7 +1,11 @@
-"""Shared test fixtures.
+"""Shared test fixtures and markers.
 
 `fault_log`: how a reliability test records the fault or bad input it tried, for
 docs/reliability.md (see tests/fault_log.py). Tests that use it carry the `fault` marker.
+
+Markers for choosing a subset (`make test` runs everything): `slow` (over about 10 s),
+`distributed` (starts torchrun/gloo processes), `gpu` (needs CUDA: skipped without it).
+The fast local subset is `pytest -m "not slow and not distributed"`.
 """
 
 from __future__ import annotations
@@ -23,6 +27,21 @@ def pytest_collection_modifyitems(config, items):
 def pytest_configure(config):
     config.addinivalue_line("markers", "fault: injects a fault or a bad input and records it for "
                                        "docs/reliability.md (benchmarks/reliability_report.py)")
+    config.addinivalue_line("markers", "slow: takes over about 10 s of CPU on its own")
+    config.addinivalue_line("markers", "distributed: launches torchrun processes (gloo on the CPU)")
+    config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped without one")
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_tests:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device")
+        for item in gpu_tests:
+            item.add_marker(skip)
 
 
 @pytest.fixture

@@ -229,6 +229,7 @@ def test_trainer_arguments_carry_the_plan():
     assert not args.fp16 and not args.bf16 and args.report_to in ([], "none", ["none"])
 
 
+@pytest.mark.slow
 def test_end_to_end_trainwise_and_baseline_rows_with_predictions(tmp_path, capsys):
     ladder = _ladder(tmp_path, ("vanilla", "{batch_size: 2}"), ("fp16", "{precision: fp16}"))
     code = main(["bench", "tiny-llama", "--ladder", ladder, "--steps", "3", "--device", "cpu",

@@ -317,7 +317,7 @@ def test_plain_module_round_trips_through_safetensors(tmp_path):
     assert os.path.isfile(export_final(tmp_path, model)["final model"] / "model.safetensors")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
 def test_cuda_weights_optimizer_and_rng_round_trip(tmp_path):
     model = torch.nn.Linear(4, 4, device="cuda")
     optimizer = torch.optim.AdamW(model.parameters())

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fault_log import lost_files, tree_digest
+from metrics_file import step_losses as _losses
 from trainwise.cli.main import main
 from trainwise.engine import checkpoint as checkpoint_module
 
@@ -20,11 +21,6 @@ RUN = ["train", "tiny-llama", "--data", "synthetic", "--device", "cpu", "--seq-l
 
 def _train(out, metrics, *extra, steps=STEPS) -> int:
     return main([*RUN, "--steps", str(steps), "--output", str(out), "--metrics", str(metrics), *extra])
-
-
-def _losses(metrics) -> list[float]:
-    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
-    return [line["loss"] for line in lines if "step" in line]
 
 
 @pytest.fixture(scope="module")

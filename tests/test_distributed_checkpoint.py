@@ -40,6 +40,7 @@ def saved(tmp_path_factory):
     return tmp, first, reference
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("layout", [["--nproc", "2"], ["--nproc", "4", "--tp", "2"]], ids=["DDP x 2", "TP 2 x DP 2"])
 def test_resume_under_another_layout(saved, tmp_path, layout):
     tmp, first, reference = saved
@@ -56,6 +57,7 @@ def test_resume_under_another_layout(saved, tmp_path, layout):
     assert all(torch.isfinite(p).all() for p in final.parameters())
 
 
+@pytest.mark.distributed
 def test_export_without_a_process_group(saved, tmp_path):
     tmp, _, _ = saved
     checkpoint = tmp / "run" / "checkpoints" / "step-00000002"
@@ -85,6 +87,7 @@ def test_export_refuses_what_is_not_a_checkpoint(tmp_path):
     assert done.returncode == 2 and "CHECKPOINT" in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.distributed
 def test_gpt2_reshards_between_tensor_pipeline_and_sharded_layouts(tmp_path):
     """GPT-2 holds q, k and v in one weight, which tensor parallel splits per part, and ties
     its head to the embedding, which pipeline parallel puts on two ranks: saved by TP 2

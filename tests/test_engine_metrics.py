@@ -11,14 +11,15 @@ import pytest
 import torch
 
 from tests.memory_reference import measure_step
-from trainwise.engine.flops import count_training_flops, mfu, peak_flops_for
+from trainwise.engine.flops import mfu, peak_flops_for
 from trainwise.engine.memory_probe import MemoryProbe
 from trainwise.engine.memory_nvml import ProcessGpuMemory
 from trainwise.engine.metrics import STEP_KEYS, SUMMARY_KEYS, MetricsLog, StepTimer
 from trainwise.engine.run import _live_tensors
 from trainwise.engine.parallelize import parallelize
 from trainwise.engine.train_step import training_step
-from trainwise.estimate.extrapolate import block_count, with_blocks
+from trainwise.trace.depth import block_count, with_blocks
+from trainwise.trace.flops import count_training_flops
 from trainwise.hardware import resolve_device
 from trainwise.models import build_model, example_batch, resolve_model
 from trainwise.plan import Plan
@@ -87,7 +88,7 @@ def test_model_flops_do_not_depend_on_the_attention_kernel_or_precision():
                                        ("tiny-mixtral", Plan(batch_size=2, seq_len=32)),
                                        ("tiny-t5", Plan(batch_size=2, seq_len=32))])
 def test_counting_few_blocks_and_extrapolating_equals_the_full_count(name, plan, monkeypatch):
-    import trainwise.engine.flops as flops_module
+    import trainwise.trace.flops as flops_module
 
     full = _flops(plan, name, blocks=5, extrapolate=False)
     counted_depths, count = [], flops_module._count

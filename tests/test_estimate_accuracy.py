@@ -88,6 +88,7 @@ def _error(predicted: int, real: int) -> float:
     return (predicted - real) / real if real else float(predicted != 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case_id", _params(0))
 def test_persistent_state_is_exact(case_id):
     measured, result = _run(case_id)

@@ -5,7 +5,7 @@ extrapolating (trainwise/estimate/extrapolate.py): the 3-block timeline is writt
 full depth and replayed through the same allocator model as a full trace ("repeated"),
 or, where the blocks do not repeat cleanly, the figures are put on a line through the 2-
 and 3-block results ("line"). Here an 8-block model is estimated that way and compared
-with a full 8-block trace (`trainwise.api.estimate._trace`):
+with a full 8-block trace (`trainwise.estimate.predict._trace`):
 
 * "repeated": the synthesised timeline is the full trace's, event for event, so every
   figure is exactly equal (weights, gradients, optimizer state, activations, temporaries,
@@ -24,20 +24,17 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import sys
 
 import pytest
 
 from trainwise.api import estimate
-from trainwise.estimate.extrapolate import (TRACED_BLOCKS, extrapolated_stacks, same_timeline, synthesize_trace,
-                                             with_blocks)
+from trainwise.estimate import predict as _estimate_module
+from trainwise.estimate.extrapolate import extrapolated_stacks, same_timeline, synthesize_trace
 from trainwise.estimate.memory import memory_from_trace
 from trainwise.hardware import resolve_device
 from trainwise.models import resolve_model
 from trainwise.plan.plan import Plan
-
-# `trainwise.api.estimate` the function shadows the module of the same name.
-_estimate_module = sys.modules["trainwise.api.estimate"]
+from trainwise.trace.depth import TRACED_BLOCKS, with_blocks
 
 BLOCKS = 8
 BATCH, SEQ = 4, 512
@@ -139,6 +136,7 @@ def _table(result, full) -> str:
     return "\n".join(rows)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case_id", _params())
 def test_sums_over_blocks_are_exact(case_id):
     result, full_trace, full = _run(case_id)
@@ -159,6 +157,7 @@ def test_repeated_blocks_give_every_figure_of_the_full_trace(case_id):
         _table(result, full)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case_id", ["llama-a100-bf16-ckpt", "bert-a100-ckpt", "t5-cpu-fp32", "mistral-a100-fp32"])
 def test_repeated_timeline_is_the_full_traces(case_id):
     """Event for event (sizes and categories; a burst of frees as a set)."""

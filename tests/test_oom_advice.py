@@ -1,5 +1,7 @@
 """After an out-of-memory crash the advice names knob changes the estimate says would fit."""
 
+import pytest
+
 from trainwise.api.estimate import estimate
 from trainwise.api.oom_advice import fitting_changes, oom_message
 from trainwise.hardware import resolve_device
@@ -7,6 +9,7 @@ from trainwise.models import resolve_model
 from trainwise.plan import Plan
 
 
+@pytest.mark.slow
 def test_suggested_changes_are_predicted_to_fit_and_the_plan_is_not():
     spec = resolve_model("Llama-3.2-1B")
     plan = Plan(batch_size=8, seq_len=2048, device="A100-40GB")

@@ -106,6 +106,7 @@ def runs(tmp_path_factory):
     return {2: two.rank_outputs, 4: four.rank_outputs}
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("world, layouts", [(2, TWO_RANKS), (4, FOUR_RANKS)])
 def test_layouts_match_one_process(runs, world, layouts):
     references = {}
@@ -122,6 +123,7 @@ def test_layouts_match_one_process(runs, world, layouts):
             assert result["losses"] == pytest.approx(references[key], rel=2e-5), f"{name} on rank {rank}"
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("world, layouts", [(2, TWO_RANKS), (4, FOUR_RANKS)])
 def test_per_rank_estimate_matches_rank_0_model_states(runs, world, layouts):
     """`trainwise estimate` with the same layout predicts rank 0's weights, gradients and
@@ -153,6 +155,7 @@ def test_per_rank_estimate_matches_rank_0_model_states(runs, world, layouts):
             assert memory.peak_allocated == pytest.approx(run["peak_allocated"], rel=0.05), name
 
 
+@pytest.mark.distributed
 def test_plans_that_differ_across_ranks_are_refused(tmp_path):
     case = {**_cases({"mismatch": ("tiny-llama", {})})[0], "rank_knobs": {"1": {"lr": 5e-4}}}
     done = launch(WORKER, 2, tmp_path, [json.dumps([case])], timeout_s=200)
@@ -161,12 +164,14 @@ def test_plans_that_differ_across_ranks_are_refused(tmp_path):
         assert "rank 1 was started with other settings than rank 0" in error and "plan.lr" in error
 
 
+@pytest.mark.distributed
 def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
     case = {**_cases({"fails": ("tiny-llama", {})})[0], "fail_on_rank": "1"}
     done = launch(WORKER, 2, tmp_path, [json.dumps([case])], timeout_s=200)  # a hang would time out here
     assert done.returncode != 0 and "rank 1 fails on purpose" in done.stderr
 
 
+@pytest.mark.distributed
 def test_cli_launches_processes_with_nproc(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     done = subprocess.run([sys.executable, "-m", "trainwise", "train", "tiny-llama", "--nproc", "2", "--zero", "2",
@@ -213,6 +218,7 @@ def test_vertical_placement_spreads_blocks_in_order():
     assert torch.isfinite(model(**batch).loss)
 
 
+@pytest.mark.distributed
 def test_two_nodes_on_localhost(tmp_path):
     """Multi-node as the docs describe it: torchrun on each "node" with a shared rendezvous
     endpoint; trainwise runs under it without relaunching."""

@@ -79,6 +79,7 @@ def test_layouts_the_estimate_cannot_model_are_refused_with_the_flag():
         _estimate(tp=2, lora_rank=4)
 
 
+@pytest.mark.slow
 def test_cli_shows_rank_0_and_the_layout():
     done = subprocess.run([sys.executable, "-m", "trainwise", "estimate", "tiny-llama", "--nproc", "4", "--tp", "2",
                            "--zero", "3", "--json"], capture_output=True, text=True, timeout=120)

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from fault_log import lost_files, tree_digest
+from metrics_file import step_losses as _losses
 from trainwise.api.training import train
 from trainwise.cli.main import main
 from trainwise.engine.checkpoint_manifest import verify_manifest
@@ -24,11 +25,6 @@ STEPS = 8
 # No --save-every: the only checkpoint is the one the signal makes.
 RUN = ["train", "tiny-llama", "--data", "synthetic", "--device", "cpu", "--seq-len", "16", "--batch-size", "1",
        "--steps", str(STEPS), "--deterministic"]
-
-
-def _losses(metrics) -> list[float]:
-    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
-    return [line["loss"] for line in lines if "step" in line]
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +50,7 @@ def _signal_after_first_step(tmp_path, signum) -> tuple[subprocess.Popen, str]:
     return child, stderr.decode()
 
 
+@pytest.mark.slow
 @pytest.mark.fault
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1], ids=lambda s: s.name)
 def test_a_stop_signal_saves_after_the_current_step_and_resume_continues_the_same_loss_curve(
@@ -131,6 +128,8 @@ def test_a_second_signal_of_the_same_kind_stops_at_once(fault_log):
               lost=0)
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 @pytest.mark.fault
 def test_sigterm_to_an_nproc_job_stops_every_rank_at_one_step_with_one_checkpoint(tmp_path, fault_log):
     """Two gloo ranks: the launcher relays the signal, the ranks agree on the step, save one

@@ -87,6 +87,8 @@ def _steps(metrics) -> list[dict]:
     return [line for line in map(json.loads, metrics.read_text().splitlines()) if "step" in line]
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 @pytest.mark.fault
 def test_a_killed_rank_restarts_the_job_from_its_checkpoint_with_the_same_loss_curve(tmp_path, fault_log):
     output = tmp_path / "run"
@@ -118,6 +120,8 @@ def test_a_killed_rank_restarts_the_job_from_its_checkpoint_with_the_same_loss_c
               exit_code=done.returncode, message=announced[0], lost=lost)
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 @pytest.mark.fault
 def test_without_restarts_a_killed_rank_stops_the_job_promptly_naming_the_rank(tmp_path, fault_log):
     output = tmp_path / "run"

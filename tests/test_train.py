@@ -128,6 +128,7 @@ def _train_cli(tmp_path, *extra) -> subprocess.Popen:
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_reproduces_the_uninterrupted_losses(tmp_path):
     reference = tmp_path / "reference"
     reference.mkdir()
@@ -153,6 +154,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_losses(tmp_path):
     assert _losses(metrics) == _losses(reference / "m.jsonl")
 
 
+@pytest.mark.slow
 def test_compiled_model_trains_like_the_eager_one():
     plan = Plan(device="cpu", batch_size=2, seq_len=32)
     run = RunConfig(steps=2, data="synthetic")

@@ -20,7 +20,8 @@ import time
 import torch
 
 from trainwise.engine.data.train_data import SyntheticMicroBatches
-from trainwise.engine.flops import count_training_flops, peak_flops_for
+from trainwise.engine.flops import peak_flops_for
+from trainwise.trace.flops import count_training_flops
 from trainwise.engine.memory_probe import MemoryProbe
 from trainwise.engine.metrics import MetricsLog, StepTimer
 from trainwise.engine.runtime import runtime_device, synchronize

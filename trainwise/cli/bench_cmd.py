@@ -37,7 +37,7 @@ def run(args) -> int:
     from rich.console import Console
 
     from trainwise.api.benchmark import bench
-    from trainwise.cli.main import print_json
+    from trainwise.cli.output import print_json
     from trainwise.cli.render_bench import render_bench, render_row
     from trainwise.plan import Plan, load_plan_file
 

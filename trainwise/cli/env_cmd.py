@@ -12,7 +12,7 @@ def register(commands) -> None:
 
 def run(args) -> int:
     from trainwise.api.environment import environment
-    from trainwise.cli.main import print_json
+    from trainwise.cli.output import print_json
     from trainwise.cli.render_env import render_environment
 
     env = environment()

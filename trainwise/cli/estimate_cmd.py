@@ -26,7 +26,7 @@ def run(args) -> int:
     from rich.console import Console
 
     from trainwise.api import estimate
-    from trainwise.cli.main import print_json
+    from trainwise.cli.output import print_json
     from trainwise.cli.render_estimate import render_estimate
 
     plan = plan_from_args(args)

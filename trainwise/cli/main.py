@@ -6,7 +6,6 @@ permission; what was there before is intact), 128 + N stopped by signal N after 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -79,11 +78,6 @@ def _rank_prefix() -> str:
     """"[rank R] " inside a multi-process job, so the failing rank is named."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     return f"[rank {os.environ.get('RANK', '?')}] " if world > 1 else ""
-
-
-def print_json(data) -> None:
-    json.dump(data, sys.stdout, indent=2)
-    sys.stdout.write("\n")
 
 
 if __name__ == "__main__":

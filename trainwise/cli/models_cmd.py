@@ -16,7 +16,7 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from trainwise.cli.main import print_json
+    from trainwise.cli.output import print_json
     from trainwise.plan.units import human_count
     from trainwise.models import catalog_entries
 

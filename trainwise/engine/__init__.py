@@ -4,7 +4,7 @@ Folders and files, each one concept:
     run_config.py   RunConfig: data, steps, outputs, seed (everything that is not a knob)
     data/           training data: synthetic, the built-in corpus, local files; resumable order
     checkpoint.py   atomic save / resume of model, optimizer, scheduler, scaler, RNG, data position
-    flops.py        model FLOPs per micro-batch, counted on fake tensors (for MFU)
+    flops.py        MFU against the catalog peak (the FLOPs are counted in trace/flops.py)
     memory_probe.py measured peak memory (CUDA allocator + NVML, or CPU tensor memory)
     metrics.py      throughput / MFU bookkeeping and the JSON-lines metrics file
     parallelize.py  parallelize(model, plan): every technique in its one documented order

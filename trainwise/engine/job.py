@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from trainwise.engine.data import build_data
-from trainwise.engine.flops import count_training_flops, peak_flops_for
+from trainwise.engine.flops import peak_flops_for
 from trainwise.engine.output_preflight import check_training_output, count_parameters_of
 from trainwise.engine.parallel.consistency import check_same_settings, settings_of
 from trainwise.engine.parallel.mesh import Distributed, launched_world_size, start_distributed
@@ -31,6 +31,7 @@ from trainwise.models.pretrained import has_weights, load_pretrained
 from trainwise.plan.errors import InputError, OutOfMemory
 from trainwise.plan.layout import Layout
 from trainwise.plan.plan import Plan
+from trainwise.trace.flops import count_training_flops
 
 
 @dataclass

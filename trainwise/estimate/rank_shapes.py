@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from trainwise.estimate.extrapolate import with_blocks
+from trainwise.trace.depth import with_blocks
 from trainwise.models.families import ModelFamily, family_of, replace_submodule
 from trainwise.plan.layout import Layout
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from trainwise.estimate.extrapolate import block_count
+from trainwise.trace.depth import block_count
 from trainwise.plan.layout import Layout
 from trainwise.plan.fsdp_settings import FsdpSettings
 from trainwise.plan.partition import (balanced_bounds, pipeline_microbatches, rank_stages, stage_chunks_in_flight,

@@ -8,9 +8,8 @@ estimate both read these, so the two cannot drift apart."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from trainwise.plan.errors import InputError
+
 
 def check_tensor_parallel_sizes(config, tp: int) -> None:
     """InputError("--tp") when the model's heads or MLP width cannot be split `tp` ways
@@ -112,26 +111,6 @@ def zero_one_owner(sizes_by_group: list[list[int]], ranks: int) -> list[list[int
             totals[rank] += sizes[index]
         owners.append(group_owners)
     return owners
-
-
-def check_model_layout(config, plan, layout) -> None:
-    """models/families/checks.py's check_model_layout, for the callers that still import it
-    from here (the one import upward from plan/: remove it once they import it from there)."""
-    from trainwise.models.families.checks import check_model_layout as check
-
-    check(config, plan, layout)
-
-
-@dataclass
-class DataParallelChoice:
-    """How data parallelism is done for a layout: "none", "ddp", "zero1" or "fsdp"."""
-
-    kind: str
-
-
-def data_parallel_choice(layout) -> DataParallelChoice:
-    """The layout's own decision (Layout.data_parallel_kind, which raises the ZeRO-1 refusal)."""
-    return DataParallelChoice(layout.data_parallel_kind)
 
 
 def check_layout_combination(plan, layout) -> None:

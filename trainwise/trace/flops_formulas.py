@@ -10,7 +10,7 @@ other users of FlopCounterMode in the same process see PyTorch's own figures.
   backward, since they do not keep it; that is kernel work, not model work, and counting
   it would make `--attention eager` and `sdpa` report different model FLOPs.
 * Mixture-of-experts layers run through transformers' grouped-matmul fallback op on fake
-  tensors (trainwise/trace/moe_kernels.py), which PyTorch cannot see into. Whatever the
+  tensors (moe_kernels.py), which PyTorch cannot see into. Whatever the
   routing, the rows multiplied are tokens x top-k, so the count is routing-independent.
   Backward multiplies by the expert weights (input gradient) and, only when they train,
   by the inputs (weight gradient: none for experts frozen under LoRA)."""

@@ -1,0 +1,54 @@
+"""EstimateResult: what an estimate predicts for one plan on one device, and its JSON."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trainwise.estimate.memory import MemoryEstimate
+from trainwise.hardware import Device
+from trainwise.plan.plan import Plan
+
+
+@dataclass(frozen=True)
+class EstimateResult:
+    """A prediction for one plan on one device. Memory in bytes; counts in parameters."""
+
+    model: str
+    task: str
+    params: int
+    trainable_params: int
+    device: Device
+    plan: Plan
+    memory: MemoryEstimate
+    activations_by_module: dict[str, int]  # saved-activation bytes per module (traced blocks)
+    traced_blocks: tuple[int, int] | None  # blocks really traced when extrapolated, else None
+    total_blocks: int | None
+    notes: tuple[str, ...] = field(default=())
+    # How the traced blocks were extrapolated: "repeated" (the 3-block timeline written out
+    # at full depth and replayed), "line" (figures on a line through the 2- and 3-block
+    # results, where the blocks do not repeat cleanly), None when not extrapolated.
+    extrapolation: str | None = None
+    # Under a parallel layout: the degrees, and every pipeline rank's figures (`memory` is
+    # rank 0's); None on one device.
+    layout: dict | None = None
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether device_total fits the device's memory; None when the capacity is unknown."""
+        capacity = self.device.memory_bytes
+        return None if capacity is None else self.memory.device_total <= capacity
+
+    def to_json(self) -> dict:
+        capacity = self.device.memory_bytes
+        memory = self.memory.to_json()
+        memory["device_capacity"] = capacity
+        return {"model": self.model, "task": self.task, "params": self.params,
+                "trainable_params": self.trainable_params, "device": self.device.kind,
+                "device_name": self.device.name, "device_source": self.device.source,
+                "plan": self.plan.to_dict(), "memory": memory, "fits": self.fits,
+                **({"layout": self.layout} if self.layout else {}),
+                "method": "predicted: traced on fake tensors" + (
+                    f" ({self.traced_blocks[0]} and {self.traced_blocks[1]} of {self.total_blocks} blocks, extrapolated"
+                    f" by {'repeating blocks' if self.extrapolation == 'repeated' else 'a line'})"
+                    if self.traced_blocks else ""),
+                "notes": list(self.notes)}
