@@ -23,8 +23,8 @@ import provenance
 
 provenance.add_repo_to_path()
 
-from trainwise.plan.atomic import atomic_write_text  # noqa: E402
-from trainwise.plan.units import human_bytes  # noqa: E402
+from trainwise.common.atomic import atomic_write_text  # noqa: E402
+from trainwise.common.units import human_bytes  # noqa: E402
 
 # Above this run-to-run spread of samples/s (max - min over the median) no ratio is printed.
 NOISY_SPREAD = 0.10

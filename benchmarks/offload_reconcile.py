@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{args.page}: no {BEGIN} ... {END} markers to replace")
     before, rest = text.split(BEGIN, 1)
     after = rest.split(END, 1)[1]
-    from trainwise.plan.atomic import atomic_write_text
+    from trainwise.common.atomic import atomic_write_text
 
     atomic_write_text(args.page, before + BEGIN + "\n" + section + END + after)
     print(f"wrote the reconciliation section of {args.page}")

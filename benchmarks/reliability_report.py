@@ -26,7 +26,7 @@ import provenance
 
 provenance.add_repo_to_path()
 
-from trainwise.plan.atomic import atomic_write_text  # noqa: E402
+from trainwise.common.atomic import atomic_write_text  # noqa: E402
 
 REPO = provenance.REPO
 

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     text = render_page(launches, provenance.script_command("render_memory.py", argv))
     provenance.add_repo_to_path()
-    from trainwise.plan.atomic import atomic_write_text
+    from trainwise.common.atomic import atomic_write_text
 
     atomic_write_text(args.out, text)
     print(f"wrote {args.out} from {len(launches)} launch(es)")

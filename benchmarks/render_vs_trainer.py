@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     text = render_page(latest(data["launches"]), provenance.script_command("render_vs_trainer.py", argv))
     provenance.add_repo_to_path()
-    from trainwise.plan.atomic import atomic_write_text
+    from trainwise.common.atomic import atomic_write_text
 
     atomic_write_text(args.out, text)
     print(f"wrote {args.out}")
@@ -103,7 +103,7 @@ def _num(value, spec: str) -> str:
 
 def _gib(value) -> str:
     provenance.add_repo_to_path()
-    from trainwise.plan.units import human_bytes
+    from trainwise.common.units import human_bytes
 
     return "n/a" if value is None else human_bytes(value)
 

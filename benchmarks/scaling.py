@@ -38,8 +38,8 @@ import torch
 
 provenance.add_repo_to_path()
 
-from trainwise.plan.atomic import atomic_write_text  # noqa: E402
-from trainwise.plan.units import human_bytes  # noqa: E402
+from trainwise.common.atomic import atomic_write_text  # noqa: E402
+from trainwise.common.units import human_bytes  # noqa: E402
 
 # (name, processes, layout knobs). Processes are capped by --nproc.
 LAYOUTS = (
@@ -150,7 +150,7 @@ def _predicted_peak(model: str, knobs: dict) -> int | None:
     """Rank 0's predicted peak allocated for the same plan (None where it cannot be made)."""
     from trainwise.api.estimate import estimate
     from trainwise.models import resolve_model
-    from trainwise.plan.errors import InputError
+    from trainwise.common.errors import InputError
     from trainwise.plan.plan import Plan
 
     try:

@@ -390,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("skipped: no CUDA GPU")
         return 0
-    from trainwise.plan.atomic import atomic_write_text
+    from trainwise.common.atomic import atomic_write_text
 
     command = provenance.script_command("validate_memory.py", argv)
     prov = provenance.collect(command)

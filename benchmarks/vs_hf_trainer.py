@@ -37,7 +37,7 @@ provenance.add_repo_to_path()
 
 from trainwise.bench.runner import RowJob, run_row
 from trainwise.cli.flags import add_knob_flags, plan_from_args, typed_values  # noqa: E402
-from trainwise.plan.atomic import atomic_write_text  # noqa: E402
+from trainwise.common.atomic import atomic_write_text  # noqa: E402
 from trainwise.plan.plan import Plan  # noqa: E402
 
 # Named cases: (model, knobs). The GPU ones are the issue's: bert-large-uncased at seq 512

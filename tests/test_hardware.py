@@ -14,7 +14,7 @@ from trainwise.hardware import (
 )
 from trainwise.hardware import detect as detect_module
 from trainwise.hardware.detect import DetectedGPU
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 
 MiB = 1024**2
 

@@ -20,7 +20,7 @@ from trainwise.models import (
     example_batch,
     resolve_model,
 )
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 
 # Parameter counts of the released models with their usual head, tied weights once.
 HUB_PARAMETER_COUNTS = {

@@ -13,7 +13,7 @@ import pytest
 from distributed_launch import REPO, launch
 from trainwise.api.training import train
 from trainwise.engine.run_config import RunConfig
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 from trainwise.plan.plan import Plan
 
 STEPS = 5

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 from trainwise.plan.layout import resolve_layout
 from trainwise.plan.partition import check_layout_combination
 from trainwise.plan.plan import Plan

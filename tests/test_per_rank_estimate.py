@@ -71,7 +71,7 @@ def test_pipeline_ranks_hold_their_blocks_and_the_first_is_most_loaded_under_1f1
 
 
 def test_layouts_the_estimate_cannot_model_are_refused_with_the_flag():
-    from trainwise.plan.errors import InputError
+    from trainwise.common.errors import InputError
 
     with pytest.raises(InputError, match="--tp"):
         estimate(resolve_model("tiny-t5"), Plan.from_dict({**BASE, "tp": 2}))

@@ -14,8 +14,8 @@ import pytest
 
 from fault_log import lost_files, tree_digest
 from trainwise.cli.main import main
-from trainwise.plan.atomic import MARKER, atomic_directory
-from trainwise.plan.errors import InputError
+from trainwise.common.atomic import MARKER, atomic_directory
+from trainwise.common.errors import InputError
 
 TRAIN = ["train", "tiny-gpt2", "--data", "synthetic", "--device", "cpu", "--steps", "2", "--seq-len", "16",
          "--batch-size", "1"]

@@ -25,8 +25,8 @@ from trainwise.bench.runner import RowJob, run_row
 from trainwise.engine.output_preflight import BENCH_RESULTS_BYTES, check_output_directory
 from trainwise.hardware import resolve_device
 from trainwise.models import resolve_model
-from trainwise.plan.atomic import atomic_write_text
-from trainwise.plan.errors import InputError
+from trainwise.common.atomic import atomic_write_text
+from trainwise.common.errors import InputError
 from trainwise.plan.plan import Plan
 
 BASELINES = ("hf-trainer", "none")

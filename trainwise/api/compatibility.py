@@ -14,7 +14,7 @@ from trainwise.hardware.installation import check_installation
 from trainwise.models import ModelSpec
 from trainwise.models.attention import check_flash, pick_attention
 from trainwise.plan.combinations import check_combinations
-from trainwise.plan.errors import InputError, NotSupportedYet
+from trainwise.common.errors import InputError, NotSupportedYet
 from trainwise.plan.layout import Layout
 from trainwise.plan.plan import Plan
 

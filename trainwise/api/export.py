@@ -6,7 +6,7 @@ into a model built from the config saved beside it; a one-device checkpoint alre
 Hugging Face directory and is copied. Before anything is written, the source is checked
 (every file it needs is there and whole) and the destination must lie outside it; the
 written files' headers are read back and matched against the model built from
-config.json before the directory is put in place (atomically: trainwise.plan.atomic)."""
+config.json before the directory is put in place (atomically: trainwise.common.atomic)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import warnings
 from pathlib import Path
 
 from trainwise.engine.checkpoint_weights import quiet_progress_bars
-from trainwise.plan.atomic import atomic_directory, check_replaceable
-from trainwise.plan.errors import InputError
+from trainwise.common.atomic import atomic_directory, check_replaceable
+from trainwise.common.errors import InputError
 
 _HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json")
 

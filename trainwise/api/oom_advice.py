@@ -10,9 +10,9 @@ from __future__ import annotations
 from trainwise.api.estimate import estimate
 from trainwise.hardware.installation import check_installation
 from trainwise.models import ModelSpec
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 from trainwise.plan.plan import Plan
-from trainwise.plan.units import human_bytes
+from trainwise.common.units import human_bytes
 
 MAX_SUGGESTIONS = 3
 

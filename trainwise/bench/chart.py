@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainwise.plan.atomic import atomic_write_bytes
+from trainwise.common.atomic import atomic_write_bytes
 
 MIB = 1024**2
 

@@ -29,7 +29,7 @@ from trainwise.hardware import resolve_device
 from trainwise.models import build_model, example_batch, resolve_model
 from trainwise.models.attention import pick_attention
 from trainwise.plan import InputError, plan_from_sources
-from trainwise.plan.errors import OutOfMemory
+from trainwise.common.errors import OutOfMemory
 from trainwise.step.lora import apply_lora
 
 HF_OPTIMIZERS = {"adamw": "adamw_torch", "adamw-fused": "adamw_torch_fused", "adafactor": "adafactor",

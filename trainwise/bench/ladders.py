@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 from trainwise.plan.plan import Plan
 
 COMBINED = {"batch_size": 1, "grad_accum": 4, "grad_ckpt": True}

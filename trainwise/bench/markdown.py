@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import platform
 
-from trainwise.plan.units import human_bytes
+from trainwise.common.units import human_bytes
 
 
 def results_markdown(rows: list[dict], command: str, device: str) -> str:

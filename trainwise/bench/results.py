@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 from trainwise.bench.rows import MEMORY_KEYS
-from trainwise.plan.atomic import atomic_write_text
-from trainwise.plan.errors import InputError
+from trainwise.common.atomic import atomic_write_text
+from trainwise.common.errors import InputError
 
 JSON_FILE, CSV_FILE = "results.json", "results.csv"
 CSV_COLUMNS = ["name", "engine", "status", "reason", "time_s", "samples_per_s", "tokens_per_s", "mfu",

@@ -10,7 +10,7 @@ import os
 import sys
 
 from trainwise.engine.preemption import Preempted
-from trainwise.plan.errors import InputError, OutOfMemory, WriteFailed
+from trainwise.common.errors import InputError, OutOfMemory, WriteFailed
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_OOM, EXIT_WRITE = 0, 1, 2, 3, 4
 

@@ -17,7 +17,7 @@ def run(args) -> int:
     from rich.table import Table
 
     from trainwise.cli.output import print_json
-    from trainwise.plan.units import human_count
+    from trainwise.common.units import human_count
     from trainwise.models import catalog_entries
 
     entries = catalog_entries()

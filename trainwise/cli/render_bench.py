@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from trainwise.plan.units import human_bytes
+from trainwise.common.units import human_bytes
 
 
 def render_row(row: dict, console: Console) -> None:

@@ -7,7 +7,7 @@ from rich.table import Table
 
 from trainwise.api.environment import OPTIONAL_PACKAGES, Environment
 from trainwise.hardware.topology import PATH_MEANING
-from trainwise.plan.units import human_bytes
+from trainwise.common.units import human_bytes
 
 
 def render_environment(env: Environment, console: Console | None = None) -> None:

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trainwise.api.estimate import EstimateResult
-from trainwise.plan.units import human_bytes, human_count
+from trainwise.common.units import human_bytes, human_count
 
 # (key in MemoryEstimate, label, where the number comes from)
 PARTS = (

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from trainwise.api.training import TrainResult
 from trainwise.engine.run import StepLog
-from trainwise.plan.units import human_bytes
+from trainwise.common.units import human_bytes
 
 
 def render_header(result: TrainResult, console: Console) -> None:

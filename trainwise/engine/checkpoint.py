@@ -17,7 +17,7 @@ Layout of `OUTPUT/checkpoints/`:
     latest                                the name of the newest complete checkpoint
 
 Crash safety: a checkpoint is built under a hidden temporary name and renamed into place
-only when complete (trainwise.plan.atomic) and verified against its manifest in place;
+only when complete (trainwise.common.atomic) and verified against its manifest in place;
 `latest` is replaced atomically after that; older checkpoints are pruned last. Killed at any point, a run leaves the previous good
 checkpoint in place and named by `latest` (or found by the scan), and the next save clears
 the leftover temporary directory.
@@ -40,8 +40,8 @@ from trainwise.engine.checkpoint_manifest import (DamagedCheckpoint, has_manifes
                                                   verify_manifest, write_manifest)
 from trainwise.engine.checkpoint_rng import rng_states, set_rng_states
 from trainwise.engine.checkpoint_weights import prepare_weight_load, save_weights
-from trainwise.plan.atomic import atomic_directory, atomic_write_text
-from trainwise.plan.errors import InputError
+from trainwise.common.atomic import atomic_directory, atomic_write_text
+from trainwise.common.errors import InputError
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"

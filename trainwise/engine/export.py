@@ -18,7 +18,7 @@ from pathlib import Path
 from torch import nn
 
 from trainwise.engine.checkpoint_weights import is_peft, quiet_progress_bars, save_weights, unwrap
-from trainwise.plan.atomic import atomic_directory
+from trainwise.common.atomic import atomic_directory
 
 
 def export_final(output_dir, model: nn.Module, *, tokenizer=None) -> dict[str, Path]:

@@ -28,7 +28,7 @@ from trainwise.engine.runtime import refusal_of_nondeterminism, runtime_device, 
 from trainwise.hardware import resolve_device
 from trainwise.models import ModelSpec, build_model_with_notes, check_seq_len, example_batch, resolve_model
 from trainwise.models.pretrained import has_weights, load_pretrained
-from trainwise.plan.errors import InputError, OutOfMemory
+from trainwise.common.errors import InputError, OutOfMemory
 from trainwise.plan.layout import Layout
 from trainwise.plan.plan import Plan
 from trainwise.trace.flops import count_training_flops

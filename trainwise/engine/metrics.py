@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 
 from trainwise.engine.throughput import StepTimer
-from trainwise.plan.atomic import atomic_write_text
+from trainwise.common.atomic import atomic_write_text
 
 __all__ = ["MetricsLog", "STEP_KEYS", "SUMMARY_KEYS", "StepTimer"]
 

@@ -9,7 +9,7 @@ and the run lost. So both check first (nothing is created or removed by the chec
     directory is writable by this process (a read-only filesystem or mode counts; as root a
     mode does not, as root can write there), and no file stands where a directory must go;
     final/ and final-adapter/, if present, are directories trainwise may replace
-    (trainwise.plan.atomic); the filesystem has room for what the run will write.
+    (trainwise.common.atomic); the filesystem has room for what the run will write.
 
 Room a training run needs (bytes; simple plan arithmetic, not a trace):
 
@@ -34,9 +34,9 @@ import os
 import shutil
 from pathlib import Path
 
-from trainwise.plan.atomic import check_replaceable
-from trainwise.plan.errors import InputError
-from trainwise.plan.units import human_bytes
+from trainwise.common.atomic import check_replaceable
+from trainwise.common.errors import InputError
+from trainwise.common.units import human_bytes
 
 KEPT_CHECKPOINTS = 2  # save_checkpoint's `keep`, which the training loop leaves at its default
 MARGIN = 1.10  # headers, config and tokenizer files, filesystem blocks

@@ -33,7 +33,7 @@ from trainwise.engine.parallel.mesh import Distributed
 from trainwise.engine.runtime import apply_numeric_switches, check_precision_supported
 from trainwise.engine.schedule import build_scheduler
 from trainwise.engine.setup import TrainingSetup
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 from trainwise.plan.plan import Plan
 from trainwise.step import build_optimizer, precision_policy, prepare_model
 

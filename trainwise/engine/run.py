@@ -31,7 +31,7 @@ from trainwise.engine.run_config import RunConfig
 from trainwise.engine.runtime import synchronize
 from trainwise.engine.setup import TrainingSetup
 from trainwise.engine.train_step import StepOutcome, training_step
-from trainwise.plan.errors import InputError, WriteFailed
+from trainwise.common.errors import InputError, WriteFailed
 from trainwise.plan.plan import Plan
 
 

@@ -9,7 +9,7 @@ import random
 import numpy as np
 import torch
 
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 from trainwise.step.precision import PrecisionPolicy
 
 

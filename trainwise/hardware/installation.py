@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 
 
 def installed(package: str) -> bool:

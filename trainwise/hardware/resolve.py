@@ -8,7 +8,7 @@ import re
 from trainwise.hardware import detect
 from trainwise.hardware.catalog import all_spellings, find_gpu, gpu_names, normalize_name
 from trainwise.hardware.device import Device, catalog_device, cpu_device, generic_cuda_device
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 
 FIELD = "--device"
 

@@ -11,7 +11,7 @@ from trainwise.hardware import Device
 from trainwise.hardware.installation import installed
 from trainwise.models.spec import ModelSpec
 from trainwise.models.tasks import head_model_class
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 
 AUTO_ORDER = ("flash", "sdpa", "eager")
 

@@ -18,7 +18,7 @@ from torch import nn
 from trainwise.models.function_models import call_model_function
 from trainwise.models.spec import ModelSpec
 from trainwise.models.tasks import auto_class, head_model_class
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 
 ATTENTION_IMPLEMENTATIONS = {"eager": "eager", "sdpa": "sdpa", "flash": "flash_attention_2"}
 

@@ -15,7 +15,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 
 # Sizes that must be whole numbers >= 1 wherever a config has them (transformers checks
 # some types but not the signs: a negative layer count or a zero vocabulary builds, then

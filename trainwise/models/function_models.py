@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 
 OFFERED_KEYWORDS = ("batch_size", "seq_len")
 _REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from transformers import PretrainedConfig
 
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 
 # Families whose positions are relative buckets: any length works (memory permitting).
 _RELATIVE_POSITION_FAMILIES = frozenset({"t5", "mt5", "umt5", "longt5", "switch_transformers"})

@@ -21,7 +21,7 @@ from trainwise.models.function_models import import_model_function, looks_like_f
 from trainwise.models.positions import position_limit
 from trainwise.models.spec import ModelSpec
 from trainwise.models.tasks import FUNCTION_TASK, TASKS, allowed_tasks, choose_task, config_for_task, infer_task
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 
 _PATH_PREFIXES = ("/", "./", "../", "~", ".\\", "..\\")
 

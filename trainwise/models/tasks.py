@@ -19,7 +19,7 @@ import transformers
 from transformers import PretrainedConfig
 from transformers.models.auto import modeling_auto
 
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 
 TASKS: tuple[str, ...] = ("causal-lm", "seq-cls", "seq2seq", "masked-lm")
 FUNCTION_TASK = "custom"

@@ -6,7 +6,7 @@ call it on a Plan alone)."""
 
 from __future__ import annotations
 
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 from trainwise.plan.layout import Layout, resolve_layout
 from trainwise.plan.partition import check_layout_combination
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 from trainwise.plan.plan import Plan
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 from trainwise.plan.partition import pipeline_microbatches
 
 

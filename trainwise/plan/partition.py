@@ -8,7 +8,7 @@ estimate both read these, so the two cannot drift apart."""
 
 from __future__ import annotations
 
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 
 
 def check_tensor_parallel_sizes(config, tp: int) -> None:

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 from trainwise.plan.knobs import KnobSpec, knob, knob_specs
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "bf16-pure")

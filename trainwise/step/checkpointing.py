@@ -7,7 +7,7 @@ import functools
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 
 
 def enable_checkpointing(model: nn.Module) -> nn.Module:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 from trainwise.plan.plan import Plan
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 from trainwise.plan.plan import Plan
 
 # Parameters whose names contain these are never weight-decayed (biases and norm scales):

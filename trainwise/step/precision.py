@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 
 
 @dataclass(frozen=True)

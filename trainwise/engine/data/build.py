@@ -13,7 +13,7 @@ from trainwise.engine.data.tokens import ByteTokenizer, LocalTokenizer
 from trainwise.engine.data.train_data import PackedMicroBatches, SyntheticMicroBatches, TrainData
 from trainwise.engine.run_config import RunConfig
 from trainwise.models import ModelSpec, check_seq_len, example_batch
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 from trainwise.plan.plan import Plan
 
 TEXT_TASK = "causal-lm"

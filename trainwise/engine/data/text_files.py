@@ -11,7 +11,7 @@ import contextlib
 from pathlib import Path
 from typing import Iterator
 
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 
 BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 ALLOWED = "builtin, synthetic, or a .txt, .jsonl or .parquet file or a directory of them"

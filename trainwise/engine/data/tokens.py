@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 
 BYTE_EOS = 256  # ends each document in the byte vocabulary (bytes are 0..255)
 BYTE_VOCAB = 257

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 from trainwise.plan.plan import Plan
 from trainwise.step.checkpointing import largest_module_list
 

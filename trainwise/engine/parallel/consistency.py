@@ -8,7 +8,7 @@ import dataclasses
 
 import torch.distributed as dist
 
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 
 
 def check_same_settings(settings: dict, distributed) -> None:

@@ -47,8 +47,8 @@ from trainwise.engine.checkpoint_rng import rng_states, set_rng_states
 from trainwise.engine.checkpoint_weights import unwrap
 from trainwise.engine.parallel.checkpoint_shapes import (fused_projections, to_checkpoint_shapes, to_model_shapes,
                                                         to_transformers_shapes)
-from trainwise.plan.atomic import atomic_directory
-from trainwise.plan.errors import InputError
+from trainwise.common.atomic import atomic_directory
+from trainwise.common.errors import InputError
 
 DCP_FOLDER = "dcp"
 CONFIG_FILE = "config.json"

@@ -27,7 +27,7 @@ from torch.distributed.tensor import DTensor
 from trainwise.engine.parallel.reduce import all_reduce_in_place, plain_loss
 from trainwise.models.families.checks import pipeline_family
 from trainwise.models.families.stage import DecoderStage
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 from trainwise.plan.partition import balanced_bounds, rank_stages, stages_per_rank
 
 _SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}

@@ -20,7 +20,7 @@ from pathlib import Path
 from trainwise.engine.checkpoint import INFO_FILE, latest_checkpoint
 from trainwise.engine.parallel.mesh import under_torchrun
 from trainwise.engine.run_config import RunConfig
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"

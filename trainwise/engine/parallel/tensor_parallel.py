@@ -48,7 +48,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 from trainwise.engine.parallel.conv1d_parallel import ShardedConv1D
 from trainwise.models.families import SequenceParallelPlan, family_of, replace_submodule
 from trainwise.models.families.checks import check_tensor_parallel
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 
 _VOCAB_PARALLEL_MARK = "_trainwise_vocab_parallel_head"
 

@@ -5,7 +5,7 @@ the arithmetic on sizes and batches is plan/partition.py's."""
 from __future__ import annotations
 
 from trainwise.models.families import ModelFamily, family_of, model_types_with
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 from trainwise.plan.partition import (check_layout_combination, check_pipeline, check_tensor_parallel_sizes,
                                       pipeline_microbatches)
 

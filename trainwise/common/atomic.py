@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from trainwise.plan.errors import InputError
+from trainwise.common.errors import InputError
 
 MARKER = ".trainwise-output"
 _LEGACY_CHECKPOINT_FILE = "trainwise.json"
