@@ -31,7 +31,6 @@ import re
 import shlex
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path

@@ -17,13 +17,6 @@ from fault_log import FaultLog
 _SESSION_LOG = FaultLog()
 
 
-def pytest_collection_modifyitems(config, items):
-    """A test that records faults is a fault test, whether or not it says so."""
-    for item in items:
-        if "fault_log" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.fault)
-
-
 def pytest_configure(config):
     config.addinivalue_line("markers", "fault: injects a fault or a bad input and records it for "
                                        "docs/reliability.md (benchmarks/reliability_report.py)")
@@ -33,6 +26,11 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    """A test that records faults is a fault test, whether or not it says so; a GPU test is
+    skipped where there is no CUDA device."""
+    for item in items:
+        if "fault_log" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.fault)
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_tests:
         return

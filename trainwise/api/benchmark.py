@@ -3,11 +3,9 @@ trainwise and (the baseline) by the Hugging Face Trainer, measured next to the e
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import tempfile
-import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -25,6 +23,7 @@ from trainwise.bench.runner import RowJob, run_row
 from trainwise.engine.output_preflight import BENCH_RESULTS_BYTES, check_output_directory
 from trainwise.hardware import resolve_device
 from trainwise.models import resolve_model
+from trainwise.models.quiet import quiet_transformers
 from trainwise.common.atomic import atomic_write_text
 from trainwise.common.errors import InputError
 from trainwise.plan.plan import Plan
@@ -128,26 +127,11 @@ def _predicted(model: str, plan, task: str | None) -> tuple[dict | None, str | N
     """(the estimate's memory keys for `plan`, a note when there is none). torch.compile
     is predicted as the eager model: compiled graphs usually need less."""
     try:
-        with _quiet():
+        with quiet_transformers():
             result = estimate(model, plan.replace(compile=False), task=task)
     except Exception as err:  # noqa: BLE001 - a row without a prediction still measures
         return None, f"no prediction: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
     return result.memory.to_json(), "prediction is for the eager model" if plan.compile else None
-
-
-@contextlib.contextmanager
-def _quiet():
-    """Tracing builds models and runs their code: keep their warnings off the bench's output."""
-    from transformers.utils import logging as hf_logging
-
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
 
 
 def _earlier_rows(out: Path, model: str, rungs: list[Rung], engines: list[str]) -> dict:

@@ -18,6 +18,7 @@ from pathlib import Path
 from trainwise.engine.checkpoint_weights import quiet_progress_bars
 from trainwise.common.atomic import atomic_directory, check_replaceable
 from trainwise.common.errors import InputError
+from trainwise.models.quiet import quiet_transformers
 
 _HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json")
 
@@ -101,7 +102,8 @@ def _model_from_config(checkpoint: Path):
         raise InputError("CHECKPOINT", f"{checkpoint} has no config.json: it holds a model that is not a "
                                        "transformers model, export it from the training code")
     try:
-        config = transformers.AutoConfig.from_pretrained(checkpoint)
+        with quiet_transformers():  # its complaints about the config would precede our one line
+            config = transformers.AutoConfig.from_pretrained(checkpoint)
     except Exception as err:  # noqa: BLE001 - transformers raises many kinds for a bad config
         raise InputError("CHECKPOINT", f"{config_file} cannot be read: {_first_line(err)}") from err
     architecture = (config.architectures or [None])[0]
