@@ -140,27 +140,42 @@ def _run(setup: TrainingSetup, data, plan: Plan, run: RunConfig, flops_per_step:
         if stop_signal:
             break
     total_time = time.perf_counter() - run_started
-    exports = {}
-    if stop_signal:
-        if run.output and (checkpoint is None or checkpoint.name != f"step-{state.step:08d}"):
-            checkpoint = _save(run, state, setup, plan)
-    elif run.output and state.step > started:
-        checkpoint = _save(run, state, setup, plan)
-        exports = _export(run, setup, checkpoint)
-    elif run.output:
-        checkpoint = latest_checkpoint(run.output)
-    memory = probe.snapshot()
+    checkpoint, exports = _final_save(run, setup, plan, state, started, checkpoint, stop_signal)
     final_loss = outcome.loss if outcome else state.extra.get("last_loss")
-    summary = {**timer.summary(total_time), "peak_allocated": memory.peak_allocated,
-               "peak_reserved": memory.peak_reserved, "device_total": memory.device_total,
-               "final_loss": final_loss, "memory_method": memory.method, "steps": state.step - started,
-               "skipped_steps": state.skipped_steps, "eval_loss": eval_loss}
-    if stop_signal:
-        summary["stopped_by_signal"] = stop_signal
+    summary = _summary(timer.summary(total_time), probe.snapshot(), final_loss, state, started, eval_loss,
+                       stop_signal)
     log.summary(summary)
     if stop_signal:
         raise Preempted(stop_signal, state.step, run.steps, checkpoint if run.output else None)
     return RunOutcome(state.step, started, final_loss, summary, checkpoint, exports, eval_loss)
+
+
+def _final_save(run: RunConfig, setup: TrainingSetup, plan: Plan, state: TrainingState, started: int,
+                checkpoint: Path | None, stop_signal: int | None) -> tuple[Path | None, dict]:
+    """(the run's last checkpoint, its exports). A run stopped by a signal saves where it
+    stopped (unless that step was just saved) and exports nothing; a run that trained saves
+    and exports; one that trained nothing names the checkpoint it resumed from."""
+    if not run.output:
+        return checkpoint, {}
+    if stop_signal:
+        if checkpoint is None or checkpoint.name != f"step-{state.step:08d}":
+            checkpoint = _save(run, state, setup, plan)
+        return checkpoint, {}
+    if state.step > started:
+        checkpoint = _save(run, state, setup, plan)
+        return checkpoint, _export(run, setup, checkpoint)
+    return latest_checkpoint(run.output), {}
+
+
+def _summary(timing: dict, memory, final_loss: float | None, state: TrainingState, started: int,
+             eval_loss: float | None, stop_signal: int | None) -> dict:
+    """The metrics file's last line (docs/train.md's summary keys first, then extras)."""
+    summary = {**timing, "peak_allocated": memory.peak_allocated, "peak_reserved": memory.peak_reserved,
+               "device_total": memory.device_total, "final_loss": final_loss, "memory_method": memory.method,
+               "steps": state.step - started, "skipped_steps": state.skipped_steps, "eval_loss": eval_loss}
+    if stop_signal:
+        summary["stopped_by_signal"] = stop_signal
+    return summary
 
 
 def _export(run: RunConfig, setup: TrainingSetup, checkpoint: Path) -> dict:

@@ -225,74 +225,82 @@ def _promote_type(args, kwargs, lower: torch.dtype) -> torch.dtype:
 
 def _python_kernel(name: str, category: str):
     op = _overload(name)
-    schema = op._schema
-    positional = [a for a in schema.arguments if not a.kwarg_only]
+    makers = {LOWER: _lower_kernel, FP32: _fp32_kernel, PROMOTE: _promote_kernel,
+              FP32_SET_OPT_DTYPE: _fp32_set_opt_dtype_kernel, FP32_APPEND_DTYPE: _fp32_append_dtype_kernel,
+              BANNED: _banned_kernel}
+    if category not in makers:
+        raise ValueError(f"unknown autocast policy {category!r} for {name}")
+    kernel = makers[category](name, op)
+    kernel.__name__ = f"cuda_autocast_{category}_{name.replace('.', '_')}"
+    return kernel
 
-    def full_positional(args, kwargs):
-        """All positional arguments, defaults filled in (some callers omit trailing ones)."""
+
+def _lower_kernel(name: str, op):
+    # Unlike the C++ kernels, these casts cannot use autocast's weight-cast cache (it has no
+    # Python API): a parameter cast here is cast again at each use. Only ops CPU does not
+    # autocast itself land here (einsum, mv, addmv, convolution...), rarely fed weights.
+    def kernel(*args, **kwargs):
+        args, kwargs = _cast_all(args, kwargs, torch.get_autocast_dtype("cpu"))
+        with _no_autocast():
+            return op(*args, **kwargs)
+    return kernel
+
+
+def _fp32_kernel(name: str, op):
+    def kernel(*args, **kwargs):
+        args, kwargs = _cast_all(args, kwargs, torch.float32)
+        with _no_autocast():
+            return op(*args, **kwargs)
+    return kernel
+
+
+def _promote_kernel(name: str, op):
+    def kernel(*args, **kwargs):
+        dtype = _promote_type(args, kwargs, torch.get_autocast_dtype("cpu"))
+        args, kwargs = _cast_all(args, kwargs, dtype)
+        with _no_autocast():
+            return op(*args, **kwargs)
+    return kernel
+
+
+def _fp32_set_opt_dtype_kernel(name: str, op):
+    schema = op._schema
+    index = next(i for i, a in enumerate(schema.arguments) if a.name == "dtype")
+    dtype_is_positional = not schema.arguments[index].kwarg_only
+
+    def kernel(*args, **kwargs):
+        first = args[0] if args else kwargs.get(schema.arguments[0].name)
+        if _eligible(first):  # an explicit dtype is respected; an ineligible input runs as is
+            if dtype_is_positional and len(args) > index:
+                if args[index] is None:
+                    args = (*args[:index], torch.float32, *args[index + 1:])
+            elif kwargs.get("dtype") is None:
+                kwargs = {**kwargs, "dtype": torch.float32}
+        with _no_autocast():
+            return op(*args, **kwargs)
+    return kernel
+
+
+def _fp32_append_dtype_kernel(name: str, op):
+    target = _overload(APPEND_DTYPE_TARGET[name])
+    positional = [a for a in op._schema.arguments if not a.kwarg_only]
+
+    def kernel(*args, **kwargs):
+        # All positional arguments, defaults filled in (some callers omit trailing ones).
         values = list(args)
         for a in positional[len(values):]:
             values.append(kwargs[a.name] if a.name in kwargs else a.default_value)
-        return values
+        dtype = torch.float32 if _eligible(values[0]) else values[0].dtype
+        with _no_autocast():
+            return target(*values, dtype=dtype)
+    return kernel
 
-    if category == LOWER:
-        # Unlike the C++ kernels, these casts cannot use autocast's weight-cast cache (it has no
-        # Python API): a parameter cast here is cast again at each use. Only ops CPU does not
-        # autocast itself land here (einsum, mv, addmv, convolution...), rarely fed weights.
-        def kernel(*args, **kwargs):
-            args, kwargs = _cast_all(args, kwargs, torch.get_autocast_dtype("cpu"))
-            with _no_autocast():
-                return op(*args, **kwargs)
 
-    elif category == FP32:
-
-        def kernel(*args, **kwargs):
-            args, kwargs = _cast_all(args, kwargs, torch.float32)
-            with _no_autocast():
-                return op(*args, **kwargs)
-
-    elif category == PROMOTE:
-
-        def kernel(*args, **kwargs):
-            dtype = _promote_type(args, kwargs, torch.get_autocast_dtype("cpu"))
-            args, kwargs = _cast_all(args, kwargs, dtype)
-            with _no_autocast():
-                return op(*args, **kwargs)
-
-    elif category == FP32_SET_OPT_DTYPE:
-        index = next(i for i, a in enumerate(schema.arguments) if a.name == "dtype")
-        dtype_is_positional = not schema.arguments[index].kwarg_only
-
-        def kernel(*args, **kwargs):
-            first = args[0] if args else kwargs.get(schema.arguments[0].name)
-            if _eligible(first):  # an explicit dtype is respected; an ineligible input runs as is
-                if dtype_is_positional and len(args) > index:
-                    if args[index] is None:
-                        args = (*args[:index], torch.float32, *args[index + 1:])
-                elif kwargs.get("dtype") is None:
-                    kwargs = {**kwargs, "dtype": torch.float32}
-            with _no_autocast():
-                return op(*args, **kwargs)
-
-    elif category == FP32_APPEND_DTYPE:
-        target = _overload(APPEND_DTYPE_TARGET[name])
-
-        def kernel(*args, **kwargs):
-            values = full_positional(args, kwargs)
-            dtype = torch.float32 if _eligible(values[0]) else values[0].dtype
-            with _no_autocast():
-                return target(*values, dtype=dtype)
-
-    elif category == BANNED:
-
-        def kernel(*args, **kwargs):
-            raise RuntimeError(
-                f"aten::{name} is refused by CUDA autocast (unsafe in half precision); models "
-                "usually apply a sigmoid first, so use binary_cross_entropy_with_logits "
-                "(nn.BCEWithLogitsLoss) instead"
-            )
-
-    else:
-        raise ValueError(f"unknown autocast policy {category!r} for {name}")
-    kernel.__name__ = f"cuda_autocast_{category}_{name.replace('.', '_')}"
+def _banned_kernel(name: str, op):
+    def kernel(*args, **kwargs):
+        raise RuntimeError(
+            f"aten::{name} is refused by CUDA autocast (unsafe in half precision); models "
+            "usually apply a sigmoid first, so use binary_cross_entropy_with_logits "
+            "(nn.BCEWithLogitsLoss) instead"
+        )
     return kernel
