@@ -24,7 +24,7 @@ import provenance
 provenance.add_repo_to_path()
 
 from trainwise.common.atomic import atomic_write_text  # noqa: E402
-from trainwise.common.units import human_bytes  # noqa: E402
+from trainwise.common.units import bytes_or_na, signed_percent  # noqa: E402
 
 # Above this run-to-run spread of samples/s (max - min over the median) no ratio is printed.
 NOISY_SPREAD = 0.10
@@ -96,8 +96,8 @@ def render(rows: list[dict], args, chart: str) -> str:
         lines.append("| " + " | ".join([
             r["name"], r["engine"], status.replace("|", "/"), _num(median, ",.1f"), spread,
             ", ".join(_num(s, ".1f") for s in r["repeats_samples_per_s"]), _num(r.get("tokens_per_s"), ",.0f"),
-            _bytes(r["measured"].get("peak_allocated")), _bytes(r["predicted"].get("peak_allocated")),
-            _pct(r["error_pct"].get("peak_allocated")), ratio]) + " |")
+            bytes_or_na(r["measured"].get("peak_allocated")), bytes_or_na(r["predicted"].get("peak_allocated")),
+            signed_percent(r["error_pct"].get("peak_allocated")), ratio]) + " |")
     methods = sorted({r["memory_method"] for r in rows if r.get("memory_method")})
     lines += [""] + [f"Memory measured by: {m}." for m in methods]
     lines += ["", f"![chart]({chart})", "",
@@ -124,16 +124,6 @@ def _ratio(speeds: list[float], baseline: list[float]) -> str:
 
 def _num(value, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
-
-
-def _bytes(value) -> str:
-    return "n/a" if value is None else human_bytes(value)
-
-
-def _pct(value) -> str:
-    if value is None:
-        return "n/a"
-    return "0.0 %" if abs(value) < 0.05 else f"{value:+.1f} %"
 
 
 if __name__ == "__main__":

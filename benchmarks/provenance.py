@@ -148,6 +148,18 @@ def page(title: str, prov: dict, body: str) -> str:
             f"{header(prov)}\n{body.rstrip()}\n")
 
 
+def of_launches(launches: list[dict], command: str, describe) -> dict:
+    """The provenance of a page rendered from several launches' rows files (each a dict with
+    its "provenance"): every launch's commit and date, the first's device and versions, and
+    one line per launch from `describe(launch)`."""
+    first = launches[0]["provenance"]
+    return {"command": command,
+            "commit": "; ".join(f"launch {n}: {l['provenance']['commit']}" for n, l in enumerate(launches, 1)),
+            "device": first["device"], "versions": first["versions"],
+            "date": ", ".join(l["provenance"]["date"] for l in launches),
+            "extra": {f"launch {n}": describe(l) for n, l in enumerate(launches, 1)}}
+
+
 def parse(text: str) -> dict:
     """The `- key: value` lines of a page's `## Provenance` section (empty when none)."""
     match = re.search(r"^## Provenance\n(.*?)(?=^## |\Z)", text, flags=re.S | re.M)

@@ -70,12 +70,8 @@ def merge(launches: list[dict]) -> list[dict]:
 def render_page(launches: list[dict], command: str) -> str:
     rows = merge(launches)
     first = launches[0]["provenance"]
-    prov = {"command": command,
-            "commit": "; ".join(f"launch {n}: {l['provenance']['commit']}" for n, l in enumerate(launches, 1)),
-            "device": first["device"], "versions": first["versions"],
-            "date": ", ".join(l["provenance"]["date"] for l in launches),
-            "extra": {f"launch {n}": f"`{l['provenance']['command']}` ({len(l['rows'])} rows, {l['path']})"
-                      for n, l in enumerate(launches, 1)}}
+    prov = provenance.of_launches(launches, command,
+                                  lambda l: f"`{l['provenance']['command']}` ({len(l['rows'])} rows, {l['path']})")
     gpu = launches[0].get("meta", {}).get("gpu", first["device"])
     return provenance.page(f"Memory estimates vs measurements on {gpu}", prov, render_body(rows, launches[-1]))
 

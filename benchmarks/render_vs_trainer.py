@@ -54,12 +54,8 @@ def latest(launches: list[dict]) -> list[dict]:
 
 def render_page(launches: list[dict], command: str) -> str:
     first = launches[0]["provenance"]
-    prov = {"command": command,
-            "commit": "; ".join(f"launch {n}: {l['provenance']['commit']}" for n, l in enumerate(launches, 1)),
-            "device": first["device"], "versions": first["versions"],
-            "date": ", ".join(l["provenance"]["date"] for l in launches),
-            "extra": {f"launch {n}": f"`{l['provenance']['command']}`; machine load: "
-                                     f"{provenance.load_line(l['provenance'])}" for n, l in enumerate(launches, 1)}}
+    prov = provenance.of_launches(launches, command, lambda l: f"`{l['provenance']['command']}`; machine load: "
+                                                                f"{provenance.load_line(l['provenance'])}")
     device = "GPU" if first["device"].startswith("GPU") else "CPU"
     lines = ["Each run is a fresh process; runs alternate (trainwise, Trainer, Trainer, trainwise, ...). samples/s "
              "leave out the warm-up steps (and, on a CPU, the memory-profiled step); the figure is the median over "

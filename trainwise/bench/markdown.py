@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import platform
 
-from trainwise.common.units import human_bytes
+from trainwise.common.units import bytes_or_na, signed_percent
 
 
 def results_markdown(rows: list[dict], command: str, device: str) -> str:
@@ -52,10 +52,10 @@ def _columns(rows: list[dict]) -> list[tuple]:
 
 
 def _memory_columns(label: str, key: str, with_error: bool) -> list[tuple]:
-    columns = [(f"{label} measured", lambda r: _bytes(r["measured"].get(key))),
-               (f"{label} predicted", lambda r: _bytes(r["predicted"].get(key)))]
+    columns = [(f"{label} measured", lambda r: bytes_or_na(r["measured"].get(key))),
+               (f"{label} predicted", lambda r: bytes_or_na(r["predicted"].get(key)))]
     if with_error:
-        columns.append((f"{label} error", lambda r: _pct(r["error_pct"].get(key))))
+        columns.append((f"{label} error", lambda r: signed_percent(r["error_pct"].get(key))))
     return columns
 
 
@@ -68,16 +68,6 @@ def _ratio(row: dict, baseline: dict | None) -> str:
     if row["engine"] != "trainwise" or not (baseline and row.get("samples_per_s") and baseline.get("samples_per_s")):
         return ""
     return f"{row['samples_per_s'] / baseline['samples_per_s']:.2f}x"
-
-
-def _bytes(value) -> str:
-    return "n/a" if value is None else human_bytes(value)
-
-
-def _pct(value) -> str:
-    if value is None:
-        return "n/a"
-    return "0.0 %" if abs(value) < 0.05 else f"{value:+.1f} %"
 
 
 def _num(value, spec: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from trainwise.common.units import human_bytes
+from trainwise.common.units import bytes_or_na, signed_percent
 
 
 def render_row(row: dict, console: Console) -> None:
@@ -13,7 +13,7 @@ def render_row(row: dict, console: Console) -> None:
     figures = ""
     if row["status"] == "ok":
         figures = (f"{_num(row.get('samples_per_s'), ',.1f')} samples/s, "
-                   f"peak {_bytes(row['measured'].get('peak_allocated'))} (measured)")
+                   f"peak {bytes_or_na(row['measured'].get('peak_allocated'))} (measured)")
     console.print(f"{row['status']:<8} {row['engine']:<10} {row['name']:<24} {figures}{row.get('reason') or ''}",
                   highlight=False, markup=False)
 
@@ -44,13 +44,13 @@ def render_bench(rows: list[dict], console: Console, out) -> None:
                  _num(row.get("tokens_per_s"), ",.0f")]
         if has_mfu:
             cells.append(f"{100 * row['mfu']:.1f} %" if row.get("mfu") is not None else "n/a")
-        cells += [_bytes(measured.get("peak_allocated")), _bytes(predicted.get("peak_allocated")),
-                  _pct(error.get("peak_allocated"))]
+        cells += [bytes_or_na(measured.get("peak_allocated")), bytes_or_na(predicted.get("peak_allocated")),
+                  signed_percent(error.get("peak_allocated"))]
         if measured_reserved:
-            cells += [_bytes(measured.get("peak_reserved")), _bytes(predicted.get("peak_reserved"))]
+            cells += [bytes_or_na(measured.get("peak_reserved")), bytes_or_na(predicted.get("peak_reserved"))]
         if measured_total:
-            cells += [_bytes(measured.get("device_total")), _bytes(predicted.get("device_total")),
-                      _pct(error.get("device_total"))]
+            cells += [bytes_or_na(measured.get("device_total")), bytes_or_na(predicted.get("device_total")),
+                      signed_percent(error.get("device_total"))]
         if baseline:
             cells.append(_ratio(row, baseline.get(row["name"])))
         table.add_row(*cells)
@@ -91,16 +91,6 @@ def _ratio(row: dict, other: dict | None) -> str:
     if row["engine"] != "trainwise" or not other or not row.get("samples_per_s") or not other.get("samples_per_s"):
         return ""
     return f"{row['samples_per_s'] / other['samples_per_s']:.2f}x"
-
-
-def _bytes(value) -> str:
-    return "n/a" if value is None else human_bytes(value)
-
-
-def _pct(value) -> str:
-    if value is None:
-        return "n/a"
-    return "0.0 %" if abs(value) < 0.05 else f"{value:+.1f} %"
 
 
 def _num(value, spec: str) -> str:

@@ -25,3 +25,15 @@ def human_count(count: int) -> str:
         if count >= size:
             return f"{count / size:,.2f}{unit}"
     return str(count)
+
+
+def bytes_or_na(nbytes: int | float | None) -> str:
+    """human_bytes, with "n/a" where nothing was measured or predicted (a table cell)."""
+    return "n/a" if nbytes is None else human_bytes(nbytes)
+
+
+def signed_percent(value: float | None) -> str:
+    """An error in percent with its sign ("+1.2 %"), "0.0 %" below 0.05, "n/a" for None."""
+    if value is None:
+        return "n/a"
+    return "0.0 %" if abs(value) < 0.05 else f"{value:+.1f} %"
