@@ -67,7 +67,8 @@ def render(records: list[dict], prov: dict) -> str:
              f"- Bad inputs tried: {kinds['bad input']}",
              f"- Runs or files lost: {lost}", "",
              "Exit codes: 0 success; 1 an unexpected error; 2 bad input (one line naming the field, before any "
-             "long work); 3 out of memory; others as each row shows (see docs/train.md).", ""]
+             "long work); 3 out of memory; 4 a checkpoint or result could not be written (what was there is "
+             "intact); 128 + N stopped by signal N after saving (see docs/train.md).", ""]
     for kind, title in (("fault", "Faults"), ("bad input", "Bad inputs")):
         rows = [r for r in records if r["kind"] == kind]
         lines += [f"## {title} ({len(rows)})", "", "| case | exit code | what trainwise said | lost | test |",
