@@ -17,7 +17,7 @@ from pathlib import Path
 
 from trainwise.engine.checkpoint_weights import quiet_progress_bars
 from trainwise.common.atomic import atomic_directory, check_replaceable
-from trainwise.common.errors import InputError
+from trainwise.common.errors import InputError, first_line
 from trainwise.models.quiet import quiet_transformers
 
 _HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json")
@@ -105,7 +105,7 @@ def _model_from_config(checkpoint: Path):
         with quiet_transformers():  # its complaints about the config would precede our one line
             config = transformers.AutoConfig.from_pretrained(checkpoint)
     except Exception as err:  # noqa: BLE001 - transformers raises many kinds for a bad config
-        raise InputError("CHECKPOINT", f"{config_file} cannot be read: {_first_line(err)}") from err
+        raise InputError("CHECKPOINT", f"{config_file} cannot be read: {first_line(err)}") from err
     architecture = (config.architectures or [None])[0]
     model_class = getattr(transformers, architecture or "", None)
     if model_class is None:
@@ -156,7 +156,7 @@ def _from_distributed(checkpoint: Path, target: Path) -> None:
             dcp.load(state, checkpoint_id=str(checkpoint / "dcp"),
                      planner=DefaultLoadPlanner(allow_partial_load=True), no_dist=True)
         except Exception as err:  # noqa: BLE001 - a shard damaged inside its byte ranges
-            raise InputError("CHECKPOINT", f"{checkpoint / 'dcp'} cannot be read ({_first_line(err)}); nothing "
+            raise InputError("CHECKPOINT", f"{checkpoint / 'dcp'} cannot be read ({first_line(err)}); nothing "
                                            "was written") from err
         model.load_state_dict(to_model_shapes(state["model"], own))
         model.tie_weights()
@@ -169,7 +169,3 @@ def _copy_hf_files(checkpoint: Path, target: Path) -> None:
         raise InputError("CHECKPOINT", f"{checkpoint} holds no Hugging Face model files")
     for name in names:
         shutil.copy2(checkpoint / name, target / name)
-
-
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]

@@ -1,4 +1,5 @@
-"""Errors that mean "the user asked for something that cannot be": exit code 2."""
+"""The errors trainwise maps to exit codes (2 bad input, 3 out of memory, 4 a write
+failed), and how a library's error becomes part of one line."""
 
 
 class InputError(ValueError):
@@ -25,3 +26,10 @@ class OutOfMemory(RuntimeError):
 class WriteFailed(RuntimeError):
     """A checkpoint or result file could not be written (disk full, no permission): exit
     code 4. The message names what was kept intact."""
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an error's message (libraries raise multi-line ones), or its type
+    name when it has none: what a one-line refusal quotes."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

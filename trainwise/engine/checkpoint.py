@@ -41,7 +41,7 @@ from trainwise.engine.checkpoint_manifest import (DamagedCheckpoint, has_manifes
 from trainwise.engine.checkpoint_rng import rng_states, set_rng_states
 from trainwise.engine.checkpoint_weights import prepare_weight_load, save_weights
 from trainwise.common.atomic import atomic_directory, atomic_write_text
-from trainwise.common.errors import InputError
+from trainwise.common.errors import InputError, first_line
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -174,8 +174,7 @@ def restore_checkpoint(path, *, model: nn.Module, optimizer, scheduler=None, sca
     except InputError:
         raise
     except Exception as err:  # noqa: BLE001 - safetensors, torch and json raise many kinds for damaged files
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise InputError("--resume", f"cannot restore checkpoint {path}: {reason}") from err
+        raise InputError("--resume", f"cannot restore checkpoint {path}: {first_line(err)}") from err
 
 
 def _check_plan(saved: dict | None, plan) -> None:

@@ -65,7 +65,7 @@ def save_weights(model: nn.Module, folder: Path) -> dict:
             model.save_pretrained(folder, safe_serialization=True)
     info = {"kind": kind}
     if kind == "transformers":
-        info["layout"] = "as-in-memory" if _saved_as_in_memory(model) else "converted"
+        info["layout"] = "as-in-memory" if saved_as_in_memory(model) else "converted"
     if kind == "peft":
         info["frozen_fingerprint"] = frozen_fingerprint(model)
     return info
@@ -203,7 +203,7 @@ def _prepare_from_pretrained_load(model: nn.Module, folder: Path) -> Callable[[]
     return apply
 
 
-def _saved_as_in_memory(model: nn.Module) -> bool:
+def saved_as_in_memory(model: nn.Module) -> bool:
     """Whether save_pretrained wrote the state-dict keys unchanged: no weight conversion is
     registered for the model. Asks transformers' own conversion table (the one save_pretrained
     reverses); where that API is missing, assumes a conversion (the slower, safe path)."""

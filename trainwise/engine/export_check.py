@@ -28,7 +28,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from trainwise.engine.checkpoint_weights import _saved_as_in_memory
+from trainwise.common.errors import first_line
+from trainwise.engine.checkpoint_weights import saved_as_in_memory
 
 # safetensors' dtype names (its header format) for the dtypes a model holds.
 _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
@@ -43,7 +44,7 @@ def check_dcp_files(folder: Path) -> None:
     try:
         metadata = FileSystemReader(str(folder)).read_metadata()
     except Exception as err:  # noqa: BLE001 - a damaged pickle raises any kind
-        raise ValueError(f"{folder / '.metadata'} cannot be read ({_first_line(err)})") from err
+        raise ValueError(f"{folder / '.metadata'} cannot be read ({first_line(err)})") from err
     needed: dict[str, int] = {}
     for info in metadata.storage_data.values():
         needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
@@ -65,7 +66,7 @@ def check_safetensors_files(folder: Path, model: nn.Module, config_dtype: torch.
     for file in files:
         saved.update({name: (file, *header) for name, header in _headers(file).items()})
     targets = model.state_dict()
-    if not _saved_as_in_memory(model):
+    if not saved_as_in_memory(model):
         return _check_element_count(files, saved, model)
     for name, (file, shape, dtype) in saved.items():
         if name not in targets:
@@ -88,7 +89,7 @@ def _headers(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
             return {name: (tuple(handle.get_slice(name).get_shape()), handle.get_slice(name).get_dtype())
                     for name in handle.keys()}
     except Exception as err:  # noqa: BLE001 - safetensors raises its own error kinds for damaged files
-        raise ValueError(f"{file} is damaged or truncated ({_first_line(err)})") from err
+        raise ValueError(f"{file} is damaged or truncated ({first_line(err)})") from err
 
 
 def _check_index(folder: Path, files: list[Path]) -> None:
@@ -99,7 +100,7 @@ def _check_index(folder: Path, files: list[Path]) -> None:
     try:
         shards = set(json.loads(index.read_text())["weight_map"].values())
     except (ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"{index} cannot be read ({_first_line(err)})") from err
+        raise ValueError(f"{index} cannot be read ({first_line(err)})") from err
     absent = sorted(shards - {file.name for file in files})
     if absent:
         raise ValueError(f"{folder / absent[0]} is missing (named in {index.name})")
@@ -119,7 +120,3 @@ def _check_element_count(files: list[Path], saved: dict, model: nn.Module) -> No
     if on_disk < expected:
         raise ValueError(f"{files[0] if len(files) == 1 else files[0].parent} holds {on_disk} weights, the model "
                          f"built from config.json has {expected}")
-
-
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]

@@ -31,7 +31,7 @@ from trainwise.engine.run_config import RunConfig
 from trainwise.engine.runtime import synchronize
 from trainwise.engine.setup import TrainingSetup
 from trainwise.engine.train_step import StepOutcome, training_step
-from trainwise.common.errors import InputError, WriteFailed
+from trainwise.common.errors import InputError, WriteFailed, first_line
 from trainwise.plan.plan import Plan
 
 
@@ -261,7 +261,7 @@ def _save(run: RunConfig, state: TrainingState, setup: TrainingSetup, plan: Plan
 
 
 def _save_failure(output, step: int, err: Exception) -> str:
-    reason = getattr(err, "strerror", None) or (str(err).strip().splitlines() or [type(err).__name__])[0]
+    reason = getattr(err, "strerror", None) or first_line(err)
     previous = latest_checkpoint(output)
     kept = (f"the previous checkpoint {previous.name} is intact" if previous is not None
             else "no earlier checkpoint was there to keep")

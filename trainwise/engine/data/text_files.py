@@ -11,7 +11,7 @@ import contextlib
 from pathlib import Path
 from typing import Iterator
 
-from trainwise.common.errors import InputError
+from trainwise.common.errors import InputError, first_line
 
 BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 ALLOWED = "builtin, synthetic, or a .txt, .jsonl or .parquet file or a directory of them"
@@ -33,7 +33,7 @@ def read_documents(source: str, text_field: str) -> list[str]:
                                             download_config=datasets.DownloadConfig(local_files_only=True),
                                             **options)
     except Exception as err:  # noqa: BLE001 - datasets and pyarrow raise many kinds
-        raise InputError("--data", f"cannot read {source} as {builder} ({_first_line(err)}); "
+        raise InputError("--data", f"cannot read {source} as {builder} ({first_line(err)}); "
                                    "text must be UTF-8, .jsonl one JSON object per line") from None
     field = "text" if builder == "text" else text_field
     if field not in dataset.column_names:
@@ -69,8 +69,3 @@ def _quiet_progress(datasets) -> Iterator[None]:
     finally:
         if were_enabled:
             datasets.enable_progress_bars()
-
-
-def _first_line(err: Exception) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from trainwise.common.errors import InputError
+from trainwise.common.errors import InputError, first_line
 
 BYTE_EOS = 256  # ends each document in the byte vocabulary (bytes are 0..255)
 BYTE_VOCAB = 257
@@ -50,7 +50,7 @@ class LocalTokenizer:
             self._tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False,
                                                             local_files_only=True)
         except Exception as err:  # noqa: BLE001 - transformers and tokenizers raise many kinds
-            raise InputError("--tokenizer", f"cannot load a tokenizer from {directory} ({_first_line(err)}); pass "
+            raise InputError("--tokenizer", f"cannot load a tokenizer from {directory} ({first_line(err)}); pass "
                                             "a directory saved by save_pretrained or holding tokenizer.json") from None
         self.name = f"tokenizer {path.name}"
         tokenizer = self._tokenizer
@@ -72,8 +72,3 @@ class LocalTokenizer:
         total = sum(len(piece) for piece in pieces)
         ids = np.fromiter(itertools.chain.from_iterable(pieces), dtype=np.int64, count=total)
         return torch.from_numpy(ids)
-
-
-def _first_line(err: Exception) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
