@@ -10,9 +10,17 @@ The fast local subset is `pytest -m "not slow and not distributed"`.
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 
 from fault_log import FaultLog
+
+# Device profiles are cached per user (trainwise/hardware/profile.py); the tests must not
+# read a profile this machine's user calibrated, nor write one into their cache. Set before
+# any test (and any process a test starts, which inherits it) runs.
+os.environ["TRAINWISE_CACHE"] = tempfile.mkdtemp(prefix="trainwise-test-cache-")
 
 _SESSION_LOG = FaultLog()
 

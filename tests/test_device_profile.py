@@ -1,0 +1,68 @@
+"""Device profiles: catalog figures, the JSON round trip, the per-user cache and bad files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainwise.common.errors import InputError
+from trainwise.hardware import resolve_device
+from trainwise.hardware.profile import (
+    MATMUL_EFFICIENCY,
+    DeviceProfile,
+    Rate,
+    catalog_profile,
+    default_profile_path,
+    profile_for,
+    read_profile,
+    write_profile,
+)
+
+
+def test_rate_is_latency_plus_size_over_bandwidth():
+    rate = Rate(per_s=1e9, fixed_s=1e-6)
+    assert rate.seconds(1e9) == pytest.approx(1.0 + 1e-6)
+    assert rate.seconds(0) == 0.0
+
+
+def test_catalog_profile_scales_vendor_peaks():
+    h100 = resolve_device("H100")
+    profile = catalog_profile(h100)
+    assert profile.source == "catalog" and profile.kind == "cuda"
+    assert profile.matmul["bf16"].per_s == pytest.approx(989.4e12 * MATMUL_EFFICIENCY)
+    assert profile.collectives["all_reduce"].per_s == pytest.approx(900e9 / 2 * 0.75)
+    assert profile.host_to_device.per_s == pytest.approx(64e9 * 0.8)
+    assert catalog_profile(resolve_device("cpu")) is None
+
+
+def test_profile_round_trips_through_a_file(tmp_path):
+    profile = catalog_profile(resolve_device("A100-80GB"))
+    path = write_profile(profile, tmp_path / "a100.json")
+    back = read_profile(path)
+    assert back.to_json() == profile.to_json()
+    assert back.source == str(path)
+
+
+def test_cached_profile_is_used_for_its_device(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINWISE_CACHE", str(tmp_path))
+    cpu = resolve_device("cpu")
+    assert profile_for(cpu) is None  # no catalog figures for a CPU
+    measured = DeviceProfile("cpu", "cpu", "x", {"fp32": Rate(1e11, 2e-6)}, {}, Rate(1e10, 1e-6), 5e-6)
+    write_profile(measured, default_profile_path(cpu))
+    assert profile_for(cpu).matmul["fp32"].per_s == 1e11
+
+
+@pytest.mark.parametrize("content", ["not json", json.dumps({"version": 99}), json.dumps({"version": 1})])
+def test_a_bad_profile_file_names_the_flag(tmp_path, content):
+    path = tmp_path / "p.json"
+    path.write_text(content)
+    with pytest.raises(InputError) as err:
+        profile_for(resolve_device("cpu"), path)
+    assert "--profile" in str(err.value)
+
+
+def test_a_profile_of_another_gpu_is_refused(tmp_path):
+    path = write_profile(catalog_profile(resolve_device("A100-80GB")), tmp_path / "a100.json")
+    with pytest.raises(InputError, match="measured on A100-80GB"):
+        profile_for(resolve_device("H100"), path)

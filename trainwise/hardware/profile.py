@@ -1,0 +1,189 @@
+"""DeviceProfile: how fast a device runs each kind of work, for the step-time model.
+
+Every rate is a latency-bandwidth pair (`Rate`): an op of size x takes
+`fixed_s + x / per_s` seconds. For a matmul x is its FLOPs, for element-wise work the
+bytes it reads and writes, for a collective the bytes each rank sends. The fixed term is
+what makes small ops slower than the peak suggests, without a table per shape.
+
+A profile comes from one of two places, and says which in `source`:
+* "catalog": a catalog GPU's vendor figures times the efficiency factors below (what
+  well-tuned kernels reach on large shapes; documented in docs/plan.md);
+* a file written by `trainwise calibrate`, measured on the device itself (the CPU
+  included: there is no catalog figure for a CPU, so its time is only predicted after a
+  calibration).
+
+`corrections` holds measured/predicted step-time ratios that `plan --verify` wrote back,
+keyed by the plan's shape of work (see trainwise/estimate/step_time.py); the time model
+multiplies its prediction by the matching one."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainwise.common.atomic import atomic_write_text
+from trainwise.common.errors import InputError
+from trainwise.hardware.device import Device
+
+PROFILE_VERSION = 1
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+
+# Fractions of the vendor peak that tuned kernels reach on large shapes. Sources: cuBLAS
+# GEMMs reach about 70 % of dense peak on A100/H100 at transformer sizes; flash-attention
+# 2/3 reports 50-75 % of peak forward and less backward (one factor for both); element-wise
+# kernels stream at about 80 % of DRAM bandwidth; NCCL's bus bandwidth on NVLink reaches
+# about 75 % of the link's figure; PCIe about 80 %.
+MATMUL_EFFICIENCY = 0.70
+ATTENTION_EFFICIENCY = 0.50
+BANDWIDTH_EFFICIENCY = 0.80
+NVLINK_EFFICIENCY = 0.75
+PCIE_EFFICIENCY = 0.80
+# Per-op fixed costs on a GPU: a kernel's launch-to-finish floor, and the host time eager
+# PyTorch spends dispatching one op (the GPU idles when the host is slower than it).
+KERNEL_FIXED_S = 4e-6
+EAGER_HOST_S_PER_OP = 12e-6
+COLLECTIVE_LATENCY_S = 20e-6
+# PCIe between host and GPU, one direction: Gen4 x16 (A100, RTX 30/40) or Gen5 x16 (H100,
+# H200) in GB/s, decimal.
+PCIE_GB_S = {(8, 0): 32.0, (8, 6): 32.0, (8, 9): 32.0, (9, 0): 64.0}
+GB_S = 1e9
+
+
+@dataclass(frozen=True)
+class Rate:
+    """An op of size x takes fixed_s + x / per_s seconds."""
+
+    per_s: float
+    fixed_s: float = 0.0
+
+    def seconds(self, amount: float) -> float:
+        return self.fixed_s + amount / self.per_s if amount > 0 else 0.0
+
+    def to_json(self) -> dict:
+        return {"per_s": self.per_s, "fixed_s": self.fixed_s}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Rate":
+        return cls(float(data["per_s"]), float(data.get("fixed_s", 0.0)))
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """Measured or catalog rates of one device. Keys of `matmul` and `attention` are the
+    dtype names of trainwise/hardware/gpu.py ("fp32", "tf32", "bf16", "fp16", "fp8")."""
+
+    device_name: str
+    kind: str  # "cpu" or "cuda"
+    source: str  # "catalog" or the profile file's path
+    matmul: dict[str, Rate]  # FLOPs
+    attention: dict[str, Rate]  # FLOPs of the attention kernels (forward and backward)
+    memory: Rate  # bytes read + written by element-wise, normalisation and optimizer ops
+    host_s_per_op: float  # host time to dispatch one eager op
+    collectives: dict[str, Rate] = field(default_factory=dict)  # bytes per rank, inside a node
+    host_to_device: Rate | None = None  # bytes, one direction (offload); None on the CPU
+    corrections: dict[str, float] = field(default_factory=dict)
+    measured: dict = field(default_factory=dict)  # when, versions, ranks: provenance of a calibration
+
+    def matmul_rate(self, dtype: str) -> Rate | None:
+        return self.matmul.get(dtype) or self.matmul.get("fp32")
+
+    def attention_rate(self, dtype: str) -> Rate | None:
+        return self.attention.get(dtype) or self.matmul_rate(dtype)
+
+    def to_json(self) -> dict:
+        return {"version": PROFILE_VERSION, "device_name": self.device_name, "kind": self.kind,
+                "matmul": {k: r.to_json() for k, r in self.matmul.items()},
+                "attention": {k: r.to_json() for k, r in self.attention.items()},
+                "memory": self.memory.to_json(), "host_s_per_op": self.host_s_per_op,
+                "collectives": {k: r.to_json() for k, r in self.collectives.items()},
+                "host_to_device": self.host_to_device.to_json() if self.host_to_device else None,
+                "corrections": dict(self.corrections), "measured": dict(self.measured)}
+
+    @classmethod
+    def from_json(cls, data: dict, source: str) -> "DeviceProfile":
+        host = data.get("host_to_device")
+        return cls(device_name=str(data["device_name"]), kind=str(data["kind"]), source=source,
+                   matmul={k: Rate.from_json(v) for k, v in data["matmul"].items()},
+                   attention={k: Rate.from_json(v) for k, v in data.get("attention", {}).items()},
+                   memory=Rate.from_json(data["memory"]), host_s_per_op=float(data["host_s_per_op"]),
+                   collectives={k: Rate.from_json(v) for k, v in data.get("collectives", {}).items()},
+                   host_to_device=Rate.from_json(host) if host else None,
+                   corrections={k: float(v) for k, v in data.get("corrections", {}).items()},
+                   measured=dict(data.get("measured", {})))
+
+
+def catalog_profile(device: Device) -> DeviceProfile | None:
+    """Vendor figures times the efficiency factors above; None for a device without
+    catalog figures (the CPU, generic CUDA)."""
+    gpu = device.gpu
+    if gpu is None or not gpu.memory_bandwidth:
+        return None
+    rates = {k: v for k, v in gpu.peak_flops.as_dict().items() if v and k != "int8"}
+    matmul = {k: Rate(v * MATMUL_EFFICIENCY, KERNEL_FIXED_S) for k, v in rates.items()}
+    attention = {k: Rate(v * ATTENTION_EFFICIENCY, KERNEL_FIXED_S) for k, v in rates.items() if k != "fp8"}
+    collectives = {}
+    if gpu.interconnect:
+        # The catalog's NVLink figure sums both directions; a ring's bus bandwidth is one.
+        link = Rate(gpu.interconnect / 2 * NVLINK_EFFICIENCY, COLLECTIVE_LATENCY_S)
+        collectives = {name: link for name in COLLECTIVES}
+    pcie = PCIE_GB_S.get(gpu.compute_capability)
+    return DeviceProfile(device_name=gpu.name, kind="cuda", source="catalog", matmul=matmul,
+                         attention=attention, memory=Rate(gpu.memory_bandwidth * BANDWIDTH_EFFICIENCY, KERNEL_FIXED_S),
+                         host_s_per_op=EAGER_HOST_S_PER_OP, collectives=collectives,
+                         host_to_device=Rate(pcie * GB_S * PCIE_EFFICIENCY, 10e-6) if pcie else None)
+
+
+def profile_key(device: Device) -> str:
+    """The file name a device's calibrated profile is cached under."""
+    name = "cpu" if device.kind == "cpu" else device.name
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in name).strip("-") or "device"
+
+
+def default_profile_dir() -> Path:
+    """$TRAINWISE_CACHE, else $XDG_CACHE_HOME/trainwise, else ~/.cache/trainwise; profiles/."""
+    root = os.environ.get("TRAINWISE_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trainwise"
+    return Path(root) / "profiles"
+
+
+def default_profile_path(device: Device) -> Path:
+    return default_profile_dir() / f"{profile_key(device)}.json"
+
+
+def read_profile(path: str | Path, flag: str = "--profile") -> DeviceProfile:
+    """A profile file; a missing or malformed one is an InputError naming `flag`."""
+    file = Path(path)
+    if not file.is_file():
+        raise InputError(flag, f"{path} is not a file (write one with trainwise calibrate --out {path})")
+    try:
+        data = json.loads(file.read_text())
+        if data.get("version") != PROFILE_VERSION:
+            raise ValueError(f"version {data.get('version')!r}, expected {PROFILE_VERSION}")
+        return DeviceProfile.from_json(data, source=str(file))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise InputError(flag, f"{path} is not a trainwise device profile ({err}); "
+                               "write one with trainwise calibrate") from None
+
+
+def write_profile(profile: DeviceProfile, path: str | Path) -> Path:
+    """Write `profile` atomically as JSON; returns the path."""
+    file = Path(path)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(file, json.dumps(profile.to_json(), indent=2) + "\n")
+    return file
+
+
+def profile_for(device: Device, path: str | Path | None = None) -> DeviceProfile | None:
+    """The profile a prediction for `device` uses: `path` if given; else a calibrated one
+    cached for this device name; else the catalog's; else None (no time predicted)."""
+    if path is not None:
+        profile = read_profile(path)
+        if profile.kind != device.kind or (device.kind == "cuda" and profile.device_name != device.name):
+            raise InputError("--profile", f"{path} was measured on {profile.device_name}, "
+                                          f"not on the target device {device.name}")
+        return profile
+    cached = default_profile_path(device)
+    if cached.is_file():
+        return read_profile(cached, flag=f"the cached profile {cached}")
+    return catalog_profile(device)
