@@ -31,9 +31,9 @@ def render(rows: list[dict], summary: dict, verdict: str, warnings: list[str], a
              f"({args.steps} steps, the first {args.warmup} and, on a CPU, the memory-profiled last one untimed; "
              f"the median of the timed steps), {args.repeat} runs per plan: measured = the median over the runs, "
              "spread = (max - min) / median over the runs. Error = (predicted - measured) / measured. "
-             f"Calibration rows: the {', '.join(sorted({r['model_label'] for r in rows if r['split'] == 'calibration'}))} "
-             "plans (a time model may be tuned on them); held out: the other model's. "
-             f"Whole benchmark: {seconds / 60:.1f} min.", ""]
+             f"Calibration rows: the {summary['calibration_model']} plans (a time model may be tuned on them); "
+             "held out: the other model's. "
+             f"CPU threads: {args.threads or 'torch default'}. Whole benchmark: {seconds / 60:.1f} min.", ""]
     lines += [f"**{verdict}**", ""]
     if warnings:
         lines += ["Warnings (the figures below may be off):", ""] + [f"- {w}" for w in warnings] + [""]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -59,6 +60,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps at the start of each run")
     parser.add_argument("--seq-lens", default="64,256")
     parser.add_argument("--models", default=f"{CALIBRATION_MODEL},small-llama")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for the calibration and every run (default: torch's). On a shared "
+                             "machine 1 keeps other work's load from stalling every parallel op")
     parser.add_argument("--limit", type=int, default=None, help="only the first N plans (a smoke run)")
     parser.add_argument("--measure-only", action="store_true", help="measure without predicting (no time model needed)")
     parser.add_argument("--page", type=Path, default=None, help="default: docs/results/time-model-<device>.md")
@@ -97,7 +101,13 @@ def profile_for_run(args, scratch: Path):
     from trainwise.hardware.profile import read_profile
 
     if args.profile:
-        return read_profile(args.profile), []
+        import torch
+
+        profile = read_profile(args.profile)
+        threads = profile.measured.get("torch_threads")
+        mismatch = ([f"the profile was measured with {threads} CPU threads, the runs use {torch.get_num_threads()}"]
+                    if threads and args.device == "cpu" and threads != torch.get_num_threads() else [])
+        return profile, mismatch
     print("calibrating (about a minute) ...", flush=True)
     result = calibrate(args.device, out=scratch / "profile.json")
     return result.profile, list(result.warnings)
@@ -204,7 +214,7 @@ def summarize(rows: list[dict]) -> dict:
     held_out = [r for r in scored if r["split"] == "held out"]
     pairs = lambda subset, k=1.0: [(k * r["predicted_s"], r["measured_s"]) for r in subset]  # noqa: E731
     correction = statistics.median(r["measured_s"] / r["predicted_s"] for r in calibration) if calibration else None
-    return {"all": accuracy(pairs(scored)), "calibration": accuracy(pairs(calibration)),
+    return {"calibration_model": CALIBRATION_MODEL, "all": accuracy(pairs(scored)), "calibration": accuracy(pairs(calibration)),
             "held_out": accuracy(pairs(held_out)), "correction": correction,
             "held_out_corrected": accuracy(pairs(held_out, correction)) if correction else accuracy([])}
 
@@ -224,6 +234,11 @@ def main(argv: list[str] | None = None) -> int:
 
     page = args.page or (None if args.measure_only else
                          provenance.REPO / "docs" / "results" / f"time-model-{args.device.replace(':', '')}.md")
+    if args.threads:
+        import torch
+
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the runs inherit it
+        torch.set_num_threads(args.threads)  # the calibration, in this process
     prov, started = provenance.collect(provenance.script_command("time_model.py", argv)), time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="time-model-") as scratch:
         rows = plans(args, Path(scratch))

@@ -59,12 +59,8 @@ def synchronizer(device) -> Callable[[], None]:
 
 def time_call(work: Callable[[], object], sync: Callable[[], None], settings: Settings) -> Timing:
     """Median seconds of one call of `work` over `settings.repeats` samples (after a warm-up)."""
-    sync()
-    started = time.perf_counter()
-    work()
-    sync()
-    first = max(time.perf_counter() - started, 1e-7)
-    calls = max(1, min(10_000, math.ceil(settings.sample_s / first)))
+    work()  # warm-up: first-call costs (allocation, kernel selection) are not the op's
+    calls = max(1, min(10_000, math.ceil(settings.sample_s / max(first_call_seconds(work, sync), 1e-7))))
     samples = []
     for _ in range(settings.repeats):
         sync()
