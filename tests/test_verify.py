@@ -103,6 +103,7 @@ def test_recommends_the_measured_best_and_says_by_how_much_it_beat_the_predictio
     assert report.recommended == 1 and report.predicted_best == 0 and report.confident
     assert report.entries[0].measured_step_s == pytest.approx(0.30)
     assert report.entries[0].spread == pytest.approx(0.01 / 0.30)
+    assert "the next, #1, measured +50.0 % time per sample, beyond the run-to-run spread" in report.lines[0]
     assert any("differs from the predicted best #1: #1 measured +50.0 %" in line for line in report.lines)
 
 

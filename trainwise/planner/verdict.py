@@ -29,7 +29,7 @@ def decide(report):
         return replace(report, predicted_best=predicted_best, recommended=None, confident=False, lines=lines)
     best = min(ran, key=lambda i: (_per_sample(entries[i]), i))
     tied = [i for i in ran if i != best and indistinguishable(entries[best], entries[i])]
-    lines = [_recommendation(entries, best, tied)]
+    lines = [_recommendation(entries, best, tied, ran)]
     lines += _against_prediction(entries, best, predicted_best)
     if report.busy:
         lines.append(f"not a confident pick: {report.busy}; rerun on an idle machine")
@@ -52,12 +52,17 @@ def samples_per_step(candidate) -> int:
     return candidate.plan.global_batch_per_device * resolve_layout(candidate.plan).data_parallel
 
 
-def _recommendation(entries, best: int, tied: list[int]) -> str:
+def _recommendation(entries, best: int, tied: list[int], ran: list[int]) -> str:
     chosen = entries[best]
-    line = (f"recommended: #{chosen.rank}, the measured best ({chosen.measured_step_s:.3f} s/step measured, "
-            f"{_spread_text(chosen)})")
+    line = (f"recommended: #{chosen.rank}, the measured best ({chosen.measured_step_s:.3f} s/step, "
+            f"{_per_sample(chosen):.4f} s/sample measured, {_spread_text(chosen)})")
     if not tied:
-        return line
+        others = [i for i in ran if i != best]
+        if not others:
+            return line
+        nearest = min(others, key=lambda i: _per_sample(entries[i]))
+        return (f"{line}; the next, #{entries[nearest].rank}, measured "
+                f"{_slower_pct(entries[nearest], chosen):+.1f} % time per sample, beyond the run-to-run spread")
     others = ", ".join(f"#{entries[i].rank} ({_slower_pct(entries[i], chosen):+.1f} %, {_spread_text(entries[i])})"
                        for i in tied)
     return (f"{line}; no clear winner: {others} measured within the run-to-run spread (or over "
