@@ -219,6 +219,7 @@ def test_bad_verify_flags_are_refused_before_any_run(argv, field, fault_log):
 def test_too_few_steps_or_an_absent_gpu_are_refused_before_any_run(monkeypatch, tmp_path, fault_log):
     fake = FakeRunner({})
     monkeypatch.setattr(runner, "run_row", fake)
+    monkeypatch.setattr(verify, "detect_gpus", lambda: [])  # whatever this machine has
     cases = [("--verify-steps 2 on the CPU", cpu_device(), 2), ("a catalog GPU not present", catalog_device(find_gpu("H100")), 5)]
     for case, device, steps in cases:
         with pytest.raises(InputError) as refused:
@@ -226,3 +227,11 @@ def test_too_few_steps_or_an_absent_gpu_are_refused_before_any_run(monkeypatch, 
                               task=None, profile_path=None, device=device)
         fault_log(kind="bad input", case=f"plan --verify: {case}", exit_code=2, message=str(refused.value))
     assert fake.jobs == []
+
+
+def test_a_load_above_three_quarters_per_cpu_besides_this_process_is_busy(monkeypatch):
+    monkeypatch.setattr(verify.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(verify.os, "getloadavg", lambda: (3.9, 0.0, 0.0))
+    assert verify._busy_machine() is None  # 2.9 others <= 3.0
+    monkeypatch.setattr(verify.os, "getloadavg", lambda: (4.2, 0.0, 0.0))
+    assert "busy (load average 4.2 on 4 CPUs" in verify._busy_machine()

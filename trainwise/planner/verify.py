@@ -18,6 +18,7 @@ from pathlib import Path
 from trainwise.bench import runner
 from trainwise.bench.runner import RowJob
 from trainwise.common.errors import InputError
+from trainwise.hardware.detect import detect_gpus
 from trainwise.hardware.device import Device
 from trainwise.planner.candidate import Candidate
 from trainwise.planner.corrections import record_corrections
@@ -148,9 +149,17 @@ def check_verify_request(candidates: list[Candidate], *, steps: int, timing_warm
         raise InputError("--verify-steps", f"{steps}: at least {needed} on {device.name} "
                                            f"({timing_warmup} warm-up step(s), then one timed step"
                                            + (", then the memory-probe step)" if device.kind == "cpu" else ")"))
-    if device.kind == "cuda" and device.source != "detected":
+    if device.kind == "cuda" and not _present(device):
         raise InputError("--verify", f"runs the plans on this machine, and {device.name} is not present here; "
-                                     "verify on the machine the plan is for (--device cuda there)")
+                                     "verify on the machine the plan is for")
+
+
+def _present(device: Device) -> bool:
+    """A detected GPU, or a catalog GPU of which this machine has one (the engine trains a
+    catalog-named plan on the GPU present)."""
+    if device.source == "detected":
+        return True
+    return device.source == "catalog" and any(found.name == device.name for found in detect_gpus())
 
 
 def _verify_one(model: str, rank: int, candidate: Candidate, *, steps: int, timing_warmup: int, repeat: int,
@@ -203,8 +212,11 @@ def _busy_machine() -> str | None:
     except (AttributeError, OSError):
         return None  # no load average on this platform: nothing to say
     cpus = os.cpu_count() or 1
-    if load > BUSY_LOAD_PER_CPU * cpus:
-        return f"the machine was busy (load average {load:.1f} on {cpus} CPUs): timings include other work"
+    # This process was just searching plans: up to one of the load is its own.
+    others = max(0.0, load - 1.0)
+    if others > BUSY_LOAD_PER_CPU * cpus:
+        return (f"the machine was busy (load average {load:.1f} on {cpus} CPUs, this process counted as 1): "
+                "timings include other work")
     return None
 
 
