@@ -28,7 +28,7 @@ def render_verify(report, console: Console) -> None:
                         f"{report.steps} steps (the first {report.timing_warmup} not timed), each in a fresh process",
                   title_justify="left")
     for column in ("#", "plan", "status", "step time (s)\npredicted", "step time (s)\nmeasured, median",
-                   "spread\nmeasured", "step time\nmeasured/predicted", "peak memory\npredicted",
+                   "spread\nmeasured", "step time\nmeasured /\npredicted", "peak memory\npredicted",
                    "peak memory\nmeasured", "memory error"):
         table.add_column(column, justify="left" if column in ("#", "plan", "status") else "right")
     reasons: list[str] = []

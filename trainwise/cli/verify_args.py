@@ -54,7 +54,7 @@ def run_verify_from_args(args, model: str, candidates: list, device, profile_pat
         raise InputError("--verify", "not given: nothing to verify")
     console = Console(stderr=bool(getattr(args, "json", False)))
     if not console.is_terminal:
-        console.width = max(console.width, 160)  # a log file has room for the whole table
+        console.width = max(console.width, 200)  # a log file has room for the whole table
     chosen = list(candidates[:count])
     if len(chosen) < count:
         console.print(f"--verify {count}: only {len(chosen)} plan(s) fit, verifying those", highlight=False,

@@ -65,8 +65,8 @@ def _recommendation(entries, best: int, tied: list[int], ran: list[int]) -> str:
                 f"{_slower_pct(entries[nearest], chosen):+.1f} % time per sample, beyond the run-to-run spread")
     others = ", ".join(f"#{entries[i].rank} ({_slower_pct(entries[i], chosen):+.1f} %, {_spread_text(entries[i])})"
                        for i in tied)
-    return (f"{line}; no clear winner: {others} measured within the run-to-run spread (or over "
-            f"{NOISE_LIMIT:.0%} spread), so either is as good as far as this run can tell; "
+    return (f"{line}; no clear winner: it cannot be told apart from {others} (their run times overlap, "
+            f"a spread is over {NOISE_LIMIT:.0%}, or single runs are within {NOISE_LIMIT:.0%}); "
             "more runs (--verify-repeat) on an idle machine may separate them")
 
 
