@@ -49,16 +49,12 @@ def fsdp_collectives(work: RankWork, groups: Groups, zero3: bool) -> list[Collec
     reduce_block = scatter(block_params) + replicas(block_params)
     reduce_root = scatter(root_params) + replicas(root_params)
     load = regather + reduce_block
-    last_exposed = (regather + (blocks - 1) * max(load - backward_block, 0.0) + reduce_block + reduce_root)
-    last_exposed = min(last_exposed, blocks * load + reduce_root)
+    overflow = (blocks - 1) * max(load - backward_block, 0.0)  # what the blocks' backward cannot hide
     gathers_total = accumulate * (forward_total + blocks * regather)
-    gathers_exposed = accumulate * forward_exposed + (accumulate - 1) * plain_exposed
+    gathers_exposed = (accumulate * forward_exposed + (accumulate - 1) * plain_exposed
+                       + regather + (overflow * regather / load if load else 0.0))
     reduce_total = blocks * reduce_block + reduce_root
-    # The last backward's exposure is split between gathers and reductions by their time.
-    last_total = blocks * load + reduce_root
-    gather_share = blocks * regather / last_total if last_total else 0.0
-    gathers_exposed += last_exposed * gather_share
-    reduce_exposed = last_exposed * (1 - gather_share)
+    reduce_exposed = reduce_block + reduce_root + (overflow * reduce_block / load if load else 0.0)
     return _entries(work, groups, zero3, gathers_total, gathers_exposed, reduce_total, reduce_exposed,
                     trainable)
 
