@@ -7,6 +7,7 @@ fit and verifies the best with the full estimate."""
 
 from __future__ import annotations
 
+from trainwise.common.errors import InputError
 from trainwise.estimate.collective_time import Topology
 from trainwise.estimate.layout_time import LayoutTime, layout_time
 from trainwise.estimate.rank_work import RankWork, communicated_bytes
@@ -71,11 +72,14 @@ def _candidate(plan: Plan, layout: Layout, memory: int, timed: LayoutTime) -> Ca
                      exact=False, notes=(f"screened: {layout.describe()}", *timed.notes))
 
 
-def screen_layouts(spec: ModelSpec, plan: Plan, device: Device, profile: DeviceProfile, space: LayoutSpace,
+def screen_layouts(spec: ModelSpec, plan: Plan, device: Device, profile: DeviceProfile | None, space: LayoutSpace,
                    inter_node_gbps: float | None = None, seconds_of: Seconds = time_model_seconds) -> list[Candidate]:
     """Every layout of `space` for `spec` under `plan`'s other knobs, predicted by the
     screen, fastest (tokens/s) first. Memory is the fullest pipeline rank's device total
     (bytes, predicted), not yet checked against the device's capacity."""
+    if profile is None:
+        raise InputError("--device", f"{device.name} has no rates to time layouts with: name a catalog GPU or run "
+                                     "trainwise calibrate on it")
     topology = Topology.from_gbps(space.gpus_per_node, inter_node_gbps)
     candidates = []
     for layout_plan in layout_plans(spec.config, plan, space):
