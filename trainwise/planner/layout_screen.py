@@ -19,7 +19,7 @@ from trainwise.plan.layout import Layout, resolve_layout
 from trainwise.plan.plan import Plan
 from trainwise.planner.candidate import Candidate
 from trainwise.planner.layout_enumeration import LayoutSpace, layout_plans
-from trainwise.planner.screen_memory import ScreenRank, _part, rank_device_total, rank_params, screen_ranks
+from trainwise.planner.screen_memory import ScreenRank, figure_at, rank_device_total, rank_params, screen_ranks
 from trainwise.planner.traced_unit import Seconds, TracedUnit, time_model_seconds, traced_unit
 from trainwise.trace.depth import block_count
 
@@ -38,8 +38,8 @@ def rank_work_of(unit: TracedUnit, rank: ScreenRank, layout: Layout, plan: Plan,
     params, in_blocks = rank_params(unit, rank, layout.pp > 1)
     rows, head = layout.chunk_batch, rank.has_head or layout.pp == 1
     trainable = round(params * unit.trainable_fraction)
-    return RankWork(forward_s=_part(unit.forward_s, rows, rank.blocks, head),
-                    backward_s=_part(unit.backward_s, rows, rank.blocks, head),
+    return RankWork(forward_s=figure_at(unit.forward_s, rows, rank.blocks, head),
+                    backward_s=figure_at(unit.backward_s, rows, rank.blocks, head),
                     optimizer_s=unit.optimizer_s_per_param * trainable, params=params, trainable_params=trainable,
                     params_in_blocks=in_blocks, blocks=rank.blocks,
                     weight_bytes=dtypes["weight_bytes"], gather_bytes=dtypes["gather_bytes"],

@@ -108,7 +108,7 @@ def rank_device_total(unit: TracedUnit, rank: ScreenRank, layout: Layout, plan, 
     states = state_bytes(unit, params, layout, dtypes["weight_bytes"], plan.grad_accum)
     rows = layout.chunk_batch
     head = rank.has_head or not pipelined
-    activations = _part(unit.activations, rows, rank.blocks, head) * rank.chunks_in_flight
+    activations = figure_at(unit.activations, rows, rank.blocks, head) * rank.chunks_in_flight
     buffers = communication_bytes(unit, rank, layout, plan, params, in_blocks, dtypes, hidden_size)
     # Gradients alive through forward and backward: DDP's buckets, and FSDP2's unsharded
     # ones under accumulation; otherwise the share the traced phase held.
@@ -117,7 +117,7 @@ def rank_device_total(unit: TracedUnit, rank: ScreenRank, layout: Layout, plan, 
     compute_peak = max((states["weights"] + states["optimizer"]
                         + states["gradients"] * (1.0 if persistent else phase.gradient_share)
                         + activations * phase.activation_share
-                        + max(_part(phase.other, rows, rank.blocks, head), 0) + buffers for phase in unit.phases),
+                        + max(figure_at(phase.other, rows, rank.blocks, head), 0) + buffers for phase in unit.phases),
                        default=sum(states.values()) + activations + buffers)
     optimizer_peak = (sum(states.values()) + _pipeline_buffers(rank, layout, plan, dtypes, hidden_size)
                       + _optimizer_temporary(unit, params, layout, dtypes["weight_bytes"]))
@@ -132,7 +132,7 @@ def _optimizer_temporary(unit: TracedUnit, params: int, layout: Layout, weight_b
     return params * unit.trainable_fraction * weight_bytes * unit.optimizer_temporary_per_weight_byte / shards
 
 
-def _part(line, rows: int, blocks: int, head: bool) -> float:
+def figure_at(line, rows: int, blocks: int, head: bool) -> float:
     """A traced figure at the rank's rows and blocks; the outside-the-blocks share (the
     head's logits and loss) only where the rank holds the head."""
     return line.fixed + (line.per_row * rows if head else 0.0) + line.per_block_row * rows * blocks
