@@ -1,0 +1,96 @@
+"""RankWork: what one rank of a layout computes and holds, as the layout time model needs
+it (trainwise/estimate/layout_time.py), and the dtypes the engine communicates in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trainwise.plan.fsdp_settings import FsdpSettings
+from trainwise.step.precision import precision_policy
+
+
+@dataclass(frozen=True)
+class RankWork:
+    """One rank's work, without any communication.
+
+    forward_s, backward_s: seconds of ONE pipeline chunk (the whole micro-batch without
+    --pp) through all of the rank's blocks and parts; backward includes the recomputation
+    of checkpointed blocks. optimizer_s: one optimizer step over the rank's parameters as
+    held after the tensor/pipeline split and before any data-parallel sharding (the model
+    divides it by the shards). params, trainable_params: held by the rank after the
+    tensor/pipeline split, before sharding; params_in_blocks: those of them in the
+    transformer blocks (FSDP2 gathers one unit per block, the rest as one root unit).
+    weight_bytes: bytes per parameter as stored (fp32 under bf16 mixed precision);
+    gather_bytes: per parameter as FSDP2 all-gathers it (its compute dtype); reduce_bytes:
+    per gradient element as reduced (DDP: the gradient's dtype; FSDP2: its reduce dtype).
+    activation_bytes: one tensor-parallel activation collective, which is also one pipeline
+    message: chunk rows x sequence x hidden x the activations' dtype bytes.
+    grad_accum: micro-batches per optimizer step; chunks: pipeline chunks per micro-batch.
+    compute_breakdown: optional seconds per category (the time model's names) of one
+    chunk's forward and backward; passed through, scaled to the step."""
+
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    params: int
+    trainable_params: int
+    params_in_blocks: int
+    blocks: int
+    weight_bytes: int
+    gather_bytes: int
+    reduce_bytes: int
+    activation_bytes: int
+    grad_accum: int = 1
+    chunks: int = 1
+    recompute: bool = False
+    has_embedding: bool = True
+    has_head: bool = True
+    compute_breakdown: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def chunk_compute_s(self) -> float:
+        return self.forward_s + self.backward_s
+
+
+def communicated_bytes(precision: str, device_type: str, data_parallel_kind: str) -> dict[str, int]:
+    """{"weight_bytes", "gather_bytes", "reduce_bytes", "activation_bytes"} per element, as
+    the engine holds and sends them: weights in the policy's dtype; FSDP2 under bf16 mixed
+    precision gathers bf16 and reduces fp32 (plan/fsdp_settings.py, engine/parallel/fsdp.py),
+    otherwise both in the weights' dtype; DDP reduces the gradients in their own dtype (the
+    weights'); activations travel in the autocast dtype when there is one."""
+    policy = precision_policy(precision, device_type)
+    weight = policy.param_dtype.itemsize
+    gather = reduce = weight
+    if data_parallel_kind == "fsdp" and precision == "bf16":  # FsdpSettings.gathers_bf16
+        gather, reduce = 2, 4
+    activation = (policy.autocast_dtype or policy.param_dtype).itemsize
+    return {"weight_bytes": weight, "gather_bytes": gather, "reduce_bytes": reduce, "activation_bytes": activation}
+
+
+def reshards_after_forward(layout, precision: str) -> bool:
+    """ZeRO-3 (FSDP2 frees a block's gathered parameters after its forward)."""
+    return FsdpSettings.for_layout(layout, precision).reshard_after_forward
+
+
+def rank_work(plan, layout, view, params, hidden_size: int, device_type: str, forward_s: float, backward_s: float,
+              optimizer_s: float, compute_breakdown: dict[str, float] | None = None) -> RankWork:
+    """The RankWork of pipeline rank `view` (estimate/rank_view.py) from what the per-rank
+    estimate has: its parameters (estimate/rank_states.py's rank_parameters, at the
+    tensor-parallel shapes, before sharding), the model's hidden size, and the time model's
+    seconds of one chunk's forward and backward and of one unsharded optimizer step."""
+    held = sum(p.copies * _elements(p.shape) for p in params)
+    dtypes = communicated_bytes(plan.precision, device_type, layout.data_parallel_kind)
+    activation = layout.chunk_batch * plan.seq_len * hidden_size * dtypes.pop("activation_bytes")
+    return RankWork(forward_s=forward_s, backward_s=backward_s, optimizer_s=optimizer_s, params=held,
+                    trainable_params=sum(p.copies * _elements(p.shape) for p in params if p.trainable),
+                    params_in_blocks=sum(p.copies * _elements(p.shape) for p in params if p.in_block),
+                    blocks=view.blocks, activation_bytes=activation, grad_accum=plan.grad_accum,
+                    chunks=layout.microbatches, recompute=plan.grad_ckpt, has_embedding=view.has_embedding,
+                    has_head=view.has_head, compute_breakdown=dict(compute_breakdown or {}), **dtypes)
+
+
+def _elements(shape) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
