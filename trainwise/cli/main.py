@@ -23,7 +23,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from trainwise.cli import bench_cmd, env_cmd, estimate_cmd, export_cmd, models_cmd, train_cmd
+    from trainwise.cli import bench_cmd, calibrate_cmd, env_cmd, estimate_cmd, export_cmd, models_cmd, train_cmd
 
     parser = _Parser(prog="trainwise", description="Predict, plan, train and measure transformer training.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cmd.register(commands)
     env_cmd.register(commands)
     export_cmd.register(commands)
+    calibrate_cmd.register(commands)
     return parser
 
 

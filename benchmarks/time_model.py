@@ -1,0 +1,273 @@
+"""docs/results/time-model-<device>.md: how well the step-time model predicts this machine.
+
+    python benchmarks/time_model.py                     # calibrate, predict, measure: ~10 min on 2 cores
+    python benchmarks/time_model.py --profile cpu.json  # an existing profile instead of calibrating
+    python benchmarks/time_model.py --measure-only --page /tmp/t.md   # the measured half alone
+
+The plans: the quick bench ladder's rows this device runs (fp16 and 8-bit Adam are left
+out on a CPU), on two model sizes (the catalog's tiny-llama, and `small-llama`: the same
+family at hidden 192, 4 layers, written as a config directory), at two sequence lengths.
+For each plan `trainwise.api.estimate(model, plan, profile=...).time.step_s` is the
+prediction; the measurement is `trainwise train` in a fresh process (the bench runner's
+command line), the median step time of its timed steps (warm-up steps and the CPU's
+memory-profiled last step left out), repeated --repeat times: the median over the
+repeats, and their spread (max - min) / median.
+
+Accuracy: MAPE (mean |predicted - measured| / measured) and Spearman's rank correlation
+over all plans (nothing here is fitted to these runs), and separately over the
+calibration rows (tiny-llama: a time model's constants may be tuned on them) and the
+held-out rows (small-llama); and the held-out rows once more after a single "step"
+correction (median measured/predicted of the calibration rows), as `plan --verify`
+would apply one. Targets (issue 16): MAPE <= 15 % and Spearman >= 0.9 over >= 12
+plans; exit 1 when missed, 2 when the time model is not in this checkout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import provenance
+
+provenance.add_repo_to_path()
+
+from trainwise.common.atomic import atomic_write_text  # noqa: E402
+
+TARGET_MAPE_PCT, TARGET_SPEARMAN, MIN_PLANS = 15.0, 0.9, 12
+NOISY_SPREAD = 0.10
+CALIBRATION_MODEL = "tiny-llama"
+# A model between tiny-llama (0.2 M parameters) and gpt2 (124 M) that runs a step in a
+# fraction of a second on a small CPU: tiny-llama's family and layout, wider and deeper.
+SMALL_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 2048,
+               "hidden_size": 192, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 6,
+               "num_key_value_heads": 2, "hidden_act": "silu", "max_position_embeddings": 2048,
+               "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "rope_theta": 10000.0}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", type=Path, default=None, help="a profile file (default: calibrate now)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--repeat", type=int, default=3, help="fresh runs per plan (median and spread over them)")
+    parser.add_argument("--steps", type=int, default=8, help="optimizer steps per run")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps at the start of each run")
+    parser.add_argument("--seq-lens", default="64,256")
+    parser.add_argument("--models", default=f"{CALIBRATION_MODEL},small-llama")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for the calibration and every run (default: torch's). On a shared "
+                             "machine 1 keeps other work's load from stalling every parallel op")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N plans (a smoke run)")
+    parser.add_argument("--measure-only", action="store_true", help="measure without predicting (no time model needed)")
+    parser.add_argument("--page", type=Path, default=None, help="default: docs/results/time-model-<device>.md")
+    return parser.parse_args(argv)
+
+
+def plans(args, scratch: Path) -> list[dict]:
+    """{name, model (what to pass as MODEL), model_label, plan} for every runnable plan."""
+    from trainwise.api.compatibility import check_device_support
+    from trainwise.bench.ladders import load_ladder
+    from trainwise.common.errors import InputError
+    from trainwise.hardware import resolve_device
+
+    device, found = resolve_device(args.device), []
+    for label in args.models.split(","):
+        model = label
+        if label == "small-llama":
+            model = str(scratch / "small-llama")
+            Path(model).mkdir(parents=True, exist_ok=True)
+            (Path(model) / "config.json").write_text(json.dumps(SMALL_LLAMA))
+        for seq in (int(s) for s in args.seq_lens.split(",")):
+            for rung in load_ladder("quick", {"seq_len": seq, "device": args.device}):
+                try:
+                    check_device_support(rung.plan, device)
+                except InputError:
+                    continue  # fp16, 8-bit Adam: this device cannot run them (the ladder shows them skipped)
+                found.append({"name": f"{label} s{seq} {rung.name}", "model": model, "model_label": label,
+                              "plan": rung.plan,
+                              "split": "calibration" if label == CALIBRATION_MODEL else "held out"})
+    return found[:args.limit] if args.limit else found
+
+
+def profile_for_run(args, scratch: Path):
+    """The profile predictions use: --profile, else a calibration made now (into scratch)."""
+    from trainwise.api.calibrate import calibrate
+    from trainwise.hardware.profile import read_profile
+
+    if args.profile:
+        import torch
+
+        profile = read_profile(args.profile)
+        threads = profile.measured.get("torch_threads")
+        mismatch = ([f"the profile was measured with {threads} CPU threads, the runs use {torch.get_num_threads()}"]
+                    if threads and args.device == "cpu" and threads != torch.get_num_threads() else [])
+        return profile, mismatch
+    print("calibrating (about a minute) ...", flush=True)
+    result = calibrate(args.device, out=scratch / "profile.json")
+    return result.profile, list(result.warnings)
+
+
+def predict(rows: list[dict], profile) -> None:
+    """Set row["predicted_s"]: the time model's seconds per optimizer step."""
+    import inspect
+
+    from trainwise.api import estimate
+
+    if "profile" not in inspect.signature(estimate).parameters:
+        missing("trainwise.api.estimate takes no profile= in this checkout: the step-time model is not "
+                "in it yet (run with --measure-only for the measured half)")
+    for row in rows:
+        step = getattr(estimate(row["model"], row["plan"], profile=profile), "time", None)
+        if step is None:
+            missing(f"the estimate has no .time for {row['name']} with profile {profile.source} "
+                    "(the step-time model is missing, or predicted nothing)")
+        row["predicted_s"] = step.step_s
+
+
+def missing(message: str) -> None:
+    """Stop with exit code 2: the time model this benchmark measures is not there."""
+    print(f"time_model.py: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def measure_once(row: dict, args, workdir: Path, index: int) -> float | None:
+    """Median seconds of the timed steps of one fresh `trainwise train` run; None on failure."""
+    from trainwise.bench.runner import RowJob, command
+
+    slug = "".join(c if c.isalnum() else "-" for c in row["name"])
+    plan_file, metrics = workdir / f"{slug}.plan.json", workdir / f"{slug}-{index}.metrics.jsonl"
+    plan_file.write_text(json.dumps(row["plan"].to_dict()))
+    job = RowJob(row["name"], row["plan"], "trainwise", row["model"], args.steps, args.warmup, 0, None, workdir, 600)
+    done = subprocess.run(command(job, plan_file, metrics), capture_output=True, text=True, timeout=job.timeout_s)
+    if done.returncode != 0 or not metrics.is_file():
+        row.setdefault("errors", []).append((done.stderr.strip().splitlines() or ["no output"])[-1])
+        return None
+    steps = [json.loads(line) for line in metrics.read_text().splitlines() if line.startswith('{"step"')]
+    # Timed: after the warm-up, and not the CPU's last step (run under the memory profiler).
+    last = len(steps) if args.device != "cpu" else len(steps) - 1
+    timed = [s["step_time_s"] for s in steps[args.warmup:last] if s.get("step_time_s")]
+    return statistics.median(timed) if timed else None
+
+
+def measure(rows: list[dict], args, workdir: Path) -> None:
+    """Set row["measured_s"] (median over repeats) and row["spread"]. Repeats go round the
+    plans, so a slow spell of a shared machine hits several plans once, not one plan thrice."""
+    for row in rows:
+        row["repeats_s"] = []
+    for index in range(args.repeat):
+        for row in rows:
+            seconds = measure_once(row, args, workdir, index)
+            if seconds is not None:
+                row["repeats_s"].append(seconds)
+        print(f"repeat {index + 1} of {args.repeat} done", flush=True)
+    for row in rows:
+        times = row["repeats_s"]
+        row["measured_s"] = statistics.median(times) if times else None
+        row["spread"] = (max(times) - min(times)) / row["measured_s"] if len(times) > 1 else None
+
+
+def ranks(values: list[float]) -> list[float]:
+    """1-based ranks, ties sharing their average rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    result = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for position in range(start, end + 1):
+            result[order[position]] = (start + end) / 2 + 1
+        start = end + 1
+    return result
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rank correlation: Pearson's correlation of the ranks."""
+    if len(xs) < 3:
+        return None
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return cov / var if var else None
+
+
+def accuracy(pairs: list[tuple[float, float]]) -> dict:
+    """{"n", "mape_pct", "spearman"} of (predicted, measured) pairs."""
+    if not pairs:
+        return {"n": 0, "mape_pct": None, "spearman": None}
+    mape = 100 * statistics.fmean(abs(p - m) / m for p, m in pairs)
+    return {"n": len(pairs), "mape_pct": mape, "spearman": spearman([p for p, _ in pairs], [m for _, m in pairs])}
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Accuracy over all plans, the calibration rows, the held-out rows, and the held-out
+    rows after a "step" correction fitted on the calibration rows."""
+    scored = [r for r in rows if r.get("measured_s") and r.get("predicted_s")]
+    calibration = [r for r in scored if r["split"] == "calibration"]
+    held_out = [r for r in scored if r["split"] == "held out"]
+    pairs = lambda subset, k=1.0: [(k * r["predicted_s"], r["measured_s"]) for r in subset]  # noqa: E731
+    correction = statistics.median(r["measured_s"] / r["predicted_s"] for r in calibration) if calibration else None
+    return {"calibration_model": CALIBRATION_MODEL, "all": accuracy(pairs(scored)), "calibration": accuracy(pairs(calibration)),
+            "held_out": accuracy(pairs(held_out)), "correction": correction,
+            "held_out_corrected": accuracy(pairs(held_out, correction)) if correction else accuracy([])}
+
+
+def verdict(summary: dict) -> tuple[bool, str]:
+    everything = summary["all"]
+    ok = (everything["n"] >= MIN_PLANS and everything["mape_pct"] is not None
+          and everything["mape_pct"] <= TARGET_MAPE_PCT and (everything["spearman"] or 0) >= TARGET_SPEARMAN)
+    return ok, (f"{'met' if ok else 'MISSED'}: MAPE <= {TARGET_MAPE_PCT:.0f} % and Spearman >= "
+                f"{TARGET_SPEARMAN} over >= {MIN_PLANS} plans (all plans, no correction)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    from render_time_model import render
+
+    page = args.page or (None if args.measure_only else
+                         provenance.REPO / "docs" / "results" / f"time-model-{args.device.replace(':', '')}.md")
+    if args.threads:
+        import torch
+
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the runs inherit it
+        torch.set_num_threads(args.threads)  # the calibration, in this process
+    prov, started = provenance.collect(provenance.script_command("time_model.py", argv)), time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="time-model-") as scratch:
+        rows = plans(args, Path(scratch))
+        profile, warnings = (None, []) if args.measure_only else profile_for_run(args, Path(scratch))
+        if profile is not None:
+            predict(rows, profile)  # first: a missing time model fails in seconds, not after the runs
+        measure(rows, args, Path(scratch))
+    prov = provenance.finish(prov)
+    warnings += noise_warnings(rows, prov)
+    summary = summarize(rows)
+    ok, line = verdict(summary) if profile is not None else (True, "measured only: no prediction, no verdict")
+    text = render(rows, summary, line, warnings, args, profile, time.perf_counter() - started)
+    print(text)
+    if page:
+        atomic_write_text(page, provenance.page(f"Step-time model accuracy on {args.device}", prov, text))
+        print(f"wrote {page}")
+    return 0 if ok else 1
+
+
+def noise_warnings(rows: list[dict], prov: dict) -> list[str]:
+    warnings = [f"{r['name']}: repeats spread {100 * r['spread']:.0f} % (> {100 * NOISY_SPREAD:.0f} %)"
+                for r in rows if r.get("spread") is not None and r["spread"] > NOISY_SPREAD]
+    loads = [v for v in (prov.get("load_start"), prov.get("load_end")) if v is not None]
+    if loads and max(loads) > (prov.get("cores") or 1):
+        warnings.insert(0, f"the machine was busy (1-minute load average up to {max(loads)} on {prov.get('cores')} "
+                           "cores): measured times are slower and noisier than on a quiet machine")
+    failed = [f"{r['name']}: {r['errors'][-1]}" for r in rows if r.get("errors")]
+    return warnings + [f"run failed: {f}" for f in failed]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""`trainwise calibrate`: measures this device and writes a profile the time model reads.
+
+The quick mode keeps these tests to a few seconds each; its figures are coarse, so the
+tests hold the profile to what any honest measurement shows (positive, finite rates; a
+large matmul doing more FLOPs per second than a tiny one), not to this machine's speed."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from trainwise.cli.main import main
+from trainwise.hardware.device import cpu_device
+from trainwise.hardware.profile import COLLECTIVES, default_profile_path, read_profile
+
+
+def _finite_positive(value: float) -> bool:
+    return math.isfinite(value) and value > 0
+
+
+def _rates(profile):
+    return [*profile.matmul.values(), *profile.attention.values(), profile.memory, *profile.collectives.values()]
+
+
+@pytest.fixture(scope="module")
+def cached_profile():
+    """One quick calibration of the CPU into the (test-private) per-user cache."""
+    path = default_profile_path(cpu_device())
+    path.unlink(missing_ok=True)
+    assert main(["calibrate", "--quick"]) == 0
+    return path
+
+
+def test_without_out_the_profile_lands_in_the_per_user_cache_for_this_device(cached_profile):
+    assert cached_profile.is_file()
+    profile = read_profile(cached_profile)
+    assert profile.kind == "cpu" and profile.source == str(cached_profile)
+
+
+def test_a_quick_profile_has_positive_finite_rates_for_each_kind_of_work(cached_profile):
+    profile = read_profile(cached_profile)
+    assert "fp32" in profile.matmul and "fp32" in profile.attention
+    for rate in _rates(profile):
+        assert _finite_positive(rate.per_s) and math.isfinite(rate.fixed_s) and rate.fixed_s >= 0
+    assert _finite_positive(profile.host_s_per_op)
+    assert _finite_positive(profile.measured["optimizer_step"]["per_s"])
+    assert profile.host_to_device is None and profile.collectives == {}  # a CPU, one process
+
+
+def test_a_large_fp32_matmul_does_more_flops_per_second_than_a_tiny_one(cached_profile):
+    points = read_profile(cached_profile).measured["points"]["matmul fp32"]
+    (tiny_flops, tiny_s), (large_flops, large_s) = min(points), max(points)
+    assert large_flops > 100 * tiny_flops
+    assert large_flops / large_s > tiny_flops / tiny_s
+
+
+def test_the_profile_records_where_and_how_it_was_measured(cached_profile):
+    measured = read_profile(cached_profile).measured
+    for key in ("date", "torch", "cpu_count", "torch_threads", "nproc", "load_average_1min", "spread"):
+        assert key in measured, key
+    assert measured["nproc"] == 1 and measured["quick"] is True
+    assert set(measured["load_average_1min"]) == {"start", "end"}
+    assert measured["spread"]["matmul fp32"] >= 0
+
+
+def test_out_names_the_file_and_json_reports_it(tmp_path, capsys):
+    out = tmp_path / "profiles" / "this-cpu.json"
+    assert main(["calibrate", "--quick", "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["path"] == str(out) and out.is_file()
+    assert read_profile(out).to_json()["matmul"] == report["profile"]["matmul"]
+
+
+@pytest.mark.parametrize("case", ["a directory", "under a file", "a catalog GPU", "no processes"])
+def test_bad_input_is_exit_2_naming_the_flag_before_anything_is_measured(case, tmp_path, monkeypatch, capsys,
+                                                                        fault_log):
+    import trainwise.bench.calibrate_compute as compute
+
+    measured = []
+    monkeypatch.setattr(compute, "measure_matmul", lambda *a, **k: measured.append(a))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    argv, flag = {"a directory": (["--out", str(tmp_path)], "--out"),
+                  "under a file": (["--out", str(blocker / "cpu.json")], "--out"),
+                  "a catalog GPU": (["--device", "H100"], "--device"),
+                  "no processes": (["--nproc", "0"], "--nproc")}[case]
+    code = main(["calibrate", "--quick", *argv])
+    message = capsys.readouterr().err.strip()
+    assert code == 2 and message.startswith(f"trainwise: error: {flag}:"), message
+    assert measured == [] and blocker.read_text() == "not a directory"
+    fault_log(kind="bad input", case=f"calibrate {' '.join(argv)} ({case})", exit_code=code, message=message)
+
+
+@pytest.mark.distributed
+def test_nproc_2_records_the_four_collectives_between_two_gloo_processes(tmp_path):
+    out = tmp_path / "two.json"
+    assert main(["calibrate", "--quick", "--nproc", "2", "--out", str(out)]) == 0
+    profile = read_profile(out)
+    assert set(profile.collectives) == set(COLLECTIVES)
+    assert all(_finite_positive(rate.per_s) for rate in profile.collectives.values())
+    assert profile.measured["nproc"] == 2 and profile.measured["collectives"]["backend"] == "gloo"

@@ -1,0 +1,48 @@
+"""benchmarks/time_model.py's arithmetic: the rank correlation, the split between
+calibration and held-out plans, and the verdict against issue 16's targets."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import time_model  # noqa: E402
+
+
+def _row(index: int, split: str, predicted: float, measured: float) -> dict:
+    return {"name": f"plan {index}", "split": split, "model_label": split, "predicted_s": predicted,
+            "measured_s": measured}
+
+
+def test_ranks_share_ties_and_spearman_is_the_correlation_of_ranks():
+    assert time_model.ranks([30.0, 10.0, 20.0, 20.0]) == [4.0, 1.0, 2.5, 2.5]
+    assert time_model.spearman([1, 2, 3, 4], [1, 4, 9, 16]) == pytest.approx(1.0)
+    assert time_model.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # One swapped pair among four: 1 - 6 * 2 / (4 * 15) = 0.8.
+    assert time_model.spearman([1, 2, 3, 4], [10, 20, 40, 30]) == pytest.approx(0.8)
+
+
+def test_held_out_rows_are_scored_apart_and_a_correction_comes_from_calibration_rows_only():
+    rows = [_row(i, "calibration", 1.0 * (i + 1), 2.0 * (i + 1)) for i in range(4)]
+    rows += [_row(i, "held out", 1.0 * (i + 1), 1.0 * (i + 1)) for i in range(4, 12)]
+    summary = time_model.summarize(rows)
+    assert summary["calibration"]["n"] == 4 and summary["calibration"]["mape_pct"] == pytest.approx(50.0)
+    assert summary["held_out"]["n"] == 8 and summary["held_out"]["mape_pct"] == pytest.approx(0.0)
+    assert summary["correction"] == pytest.approx(2.0)  # measured/predicted of the calibration rows
+    assert summary["held_out_corrected"]["mape_pct"] == pytest.approx(100.0)
+
+
+def test_the_verdict_needs_twelve_plans_a_low_mape_and_a_high_rank_correlation():
+    close = [_row(i, "held out", 1.0 * (i + 1), 1.05 * (i + 1)) for i in range(12)]
+    assert time_model.verdict(time_model.summarize(close))[0]
+    assert not time_model.verdict(time_model.summarize(close[:11]))[0]
+    far = [_row(i, "held out", 1.0 * (i + 1), 1.3 * (i + 1)) for i in range(12)]
+    assert not time_model.verdict(time_model.summarize(far))[0]
+    # Within 10 % everywhere, but in the wrong order: the ranking is what a planner needs.
+    shuffled = [_row(i, "held out", 1.0 + 0.01 * i, 1.0 + 0.01 * ((i * 5) % 12)) for i in range(12)]
+    summary = time_model.summarize(shuffled)
+    assert summary["all"]["mape_pct"] < 15 and not time_model.verdict(summary)[0]

@@ -1,0 +1,188 @@
+"""`trainwise.api.calibrate`: measure the present device and write its DeviceProfile.
+
+What is measured (trainwise/bench/calibrate_*.py), each fitted to a Rate
+(`fixed_s + size / per_s`): matmul throughput per dtype the device runs, attention
+(SDPA forward and backward), element-wise memory bandwidth, the eager per-op host cost,
+the AdamW step (kept in `measured`: the time model prices it with the memory rate), on a
+GPU pinned host-to-device copies, and under `nproc` > 1 the four collectives between
+local processes. About 30-60 s on a small CPU (`quick`: a few seconds, coarse).
+
+The profile goes to `out`, else to the per-user cache (`default_profile_path`), where
+`trainwise estimate` and `plan` find it for this device."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainwise.common.errors import InputError
+from trainwise.hardware.device import Device
+from trainwise.hardware.profile import DeviceProfile, Rate, default_profile_path, write_profile
+from trainwise.hardware.resolve import resolve_device
+
+# Above this run-to-run spread of the repeats a measurement is called noisy.
+NOISY_SPREAD = 0.10
+
+
+@dataclass(frozen=True)
+class Calibration:
+    profile: DeviceProfile
+    path: Path  # where the profile was written
+    seconds: float  # wall time of the measurement
+    warnings: tuple[str, ...]  # why the profile may be off (a busy machine, noisy repeats)
+
+
+def check_calibrate_request(device: str, out: str | Path | None, nproc: int) -> tuple[Device, Path]:
+    """The present Device `device` names and the file to write, or InputError before any
+    measurement: a device that is not on this machine, --out naming a directory or a place
+    this process cannot write, --nproc below 1 or above the GPUs present."""
+    text = str(device).strip().lower()
+    if text != "cpu" and not (text == "cuda" or text.startswith("cuda:")):
+        raise InputError("--device", f"{device!r}: calibrate measures a device on this machine: "
+                                     "cpu, cuda or cuda:K (a catalog GPU uses its vendor figures without calibration)")
+    target = resolve_device(text)
+    if target.kind == "cuda" and target.source != "detected":
+        raise InputError("--device", f"{device}: this machine has no CUDA GPU to measure; use --device cpu")
+    if nproc < 1:
+        raise InputError("--nproc", f"{nproc}: the number of local processes must be 1 or more")
+    if target.kind == "cuda":
+        import torch
+
+        if nproc > torch.cuda.device_count():
+            raise InputError("--nproc", f"{nproc} processes need {nproc} GPUs; this machine has "
+                                        f"{torch.cuda.device_count()}")
+    path = Path(out) if out is not None else default_profile_path(target)
+    _check_writable(path, "--out" if out is not None else f"the profile cache {path}")
+    return target, path
+
+
+def _check_writable(path: Path, flag: str) -> None:
+    if path.is_dir():
+        raise InputError(flag, f"{path} is a directory; name the profile file to write (e.g. {path / 'cpu.json'})")
+    existing = next(p for p in (path.absolute(), *path.absolute().parents) if p.exists())
+    if existing == path.absolute():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise InputError(flag, f"{path} cannot be created: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise InputError(flag, f"{path} cannot be written: {existing} is read-only to this process")
+
+
+def calibrate(device: str = "cpu", out: str | Path | None = None, nproc: int = 1,
+              quick: bool = False) -> Calibration:
+    """Measure `device` (cpu, cuda, cuda:K), write its profile to `out` or the cache."""
+    import torch
+
+    from trainwise.bench.calibrate_timing import FULL, QUICK
+
+    target, path = check_calibrate_request(device, out, nproc)
+    torch_device = torch.device("cpu" if target.kind == "cpu" else f"cuda:{target.index or 0}")
+    if torch_device.type == "cuda":
+        torch.cuda.set_device(torch_device)
+    started, load_start = time.perf_counter(), _load()
+    settings = QUICK if quick else FULL
+    rates, spreads, measured = _measure_one_device(torch_device, settings)
+    if nproc > 1:
+        from trainwise.bench.calibrate_collectives import measure_collectives
+
+        found = measure_collectives(nproc, torch_device.type, quick)
+        rates["collectives"] = {name: Rate.from_json(rate) for name, rate in found["rates"].items()}
+        spreads.update({f"collective {name}": s for name, s in found["spread"].items()})
+        measured["collectives"] = {"backend": found["backend"], "sizes": found["convention"]}
+        measured["points"].update({f"collective {name}": p for name, p in found["points"].items()})
+    seconds = round(time.perf_counter() - started, 1)
+    measured.update(_provenance(target, nproc, quick, settings, seconds, load_start, spreads))
+    profile = DeviceProfile(device_name=_device_name(target), kind=target.kind, source=str(path),
+                            matmul=rates["matmul"], attention=rates["attention"], memory=rates["memory"],
+                            host_s_per_op=rates["host_s_per_op"], collectives=rates.get("collectives", {}),
+                            host_to_device=rates.get("host_to_device"), measured=measured)
+    write_profile(profile, path)
+    return Calibration(profile, path, seconds, tuple(busy_warnings(measured)))
+
+
+def _measure_one_device(device, settings) -> tuple[dict, dict, dict]:
+    """(rates for the profile's fields, spread per measurement, extra measured facts: the
+    (size, median seconds) points each rate was fitted to, the optimizer step)."""
+    from trainwise.bench import calibrate_compute as compute
+    from trainwise.bench import calibrate_memory as memory
+
+    rates: dict = {"matmul": {}, "attention": {}}
+    spreads: dict[str, float] = {}
+    points: dict[str, list] = {}
+
+    def keep(name: str, found):
+        spreads[name], points[name] = found.spread, [[x, t] for x, t in found.points]
+        return found.rate
+
+    for dtype in compute.dtypes_to_measure(device):
+        rates["matmul"][dtype] = keep(f"matmul {dtype}", compute.measure_matmul(device, dtype, settings))
+        if dtype != "tf32":  # attention in fp32 with TF32 allowed: the tf32 matmul rate stands in
+            rates["attention"][dtype] = keep(f"attention {dtype}", compute.measure_attention(device, dtype, settings))
+    rates["memory"] = keep("memory", memory.measure_memory(device, settings))
+    rates["host_s_per_op"], spreads["host per op"] = memory.measure_host_overhead(device, settings)
+    optimizer = memory.measure_optimizer(device, settings)
+    keep("optimizer step", optimizer)
+    if device.type == "cuda":
+        rates["host_to_device"] = keep("host to device", memory.measure_host_to_device(device, settings))
+    measured = {"points": points, "optimizer_step": {
+        "what": "torch.optim.AdamW(foreach=True) on fp32 parameters; per_s in bytes/s counting "
+                f"{memory.ADAMW_BYTES_PER_PARAM} bytes per parameter (read p, grad, 2 moments; write p, 2 moments)",
+        **optimizer.rate.to_json(),
+        "vs_memory_rate": round(optimizer.rate.per_s / rates["memory"].per_s, 3)}}
+    return rates, spreads, measured
+
+
+def _device_name(target: Device) -> str:
+    if target.kind == "cuda":
+        return target.name
+    return f"cpu ({_cpu_model()}, {os.cpu_count()} cores)"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "unknown model"
+
+
+def _load() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def _provenance(target: Device, nproc: int, quick: bool, settings, seconds: float, load_start,
+                spreads: dict[str, float]) -> dict:
+    import torch
+
+    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "torch": torch.__version__, "device": target.name, "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "nproc": nproc, "quick": quick,
+            "repeats_per_size": settings.repeats, "seconds": seconds,
+            "load_average_1min": {"start": load_start, "end": _load()},
+            "spread": {name: round(value, 4) for name, value in spreads.items()}}
+
+
+def busy_warnings(measured: dict) -> list[str]:
+    """Why a profile may be off: a 1-minute load average above the CPU count, or repeats
+    that spread more than NOISY_SPREAD (the measurements named)."""
+    warnings = []
+    cores = measured.get("cpu_count") or 1
+    loads = [v for v in measured.get("load_average_1min", {}).values() if v is not None]
+    if loads and max(loads) > cores:
+        warnings.append(f"the machine was busy (1-minute load average up to {max(loads)} on {cores} CPUs): "
+                        "the profile may be off; calibrate again on a quiet machine")
+    noisy = {name: s for name, s in measured.get("spread", {}).items() if s > NOISY_SPREAD}
+    if noisy:
+        shown = ", ".join(f"{name} {100 * s:.0f} %" for name, s in sorted(noisy.items(), key=lambda i: -i[1]))
+        warnings.append(f"repeats spread more than {100 * NOISY_SPREAD:.0f} % ({shown}): the profile may be off")
+    return warnings

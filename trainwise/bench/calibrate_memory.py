@@ -1,0 +1,91 @@
+"""Calibration of memory-bound work: element-wise bandwidth, the eager per-op cost, the
+optimizer step and host-to-device copies.
+
+Sizes are bytes read plus bytes written (an fp32 `a + b` of n elements moves 12 n bytes),
+the quantity the trace counts for element-wise and normalisation ops."""
+
+from __future__ import annotations
+
+import torch
+
+from trainwise.bench.calibrate_timing import Fit, Settings, fit, measure_sizes, synchronizer, time_call
+
+FP32_BYTES = 4
+# AdamW reads parameter, gradient and both moments and writes parameter and moments back:
+# 7 fp32 tensors of traffic per parameter, the least any implementation moves.
+ADAMW_BYTES_PER_PARAM = 7 * FP32_BYTES
+HOST_OP_CALLS = 200  # tiny ops per sample of the per-op cost
+
+
+def _element_counts(device: torch.device, settings: Settings) -> list[int]:
+    if device.type == "cuda":
+        return [2**p for p in range(16, 29, 2)]
+    return [2**p for p in (range(12, 19, 3) if settings.quick else range(14, 25, 2))]
+
+
+def measure_memory(device: torch.device, settings: Settings) -> Fit:
+    """The memory Rate (bytes read + written) of fp32 add, scale and copy over sizes."""
+    sync, cases = synchronizer(device), []
+    for n in _element_counts(device, settings):
+        cases.append((3 * n * FP32_BYTES, _binary(n, device, lambda a, b, out: torch.add(a, b, out=out))))
+        cases.append((2 * n * FP32_BYTES, _binary(n, device, lambda a, b, out: torch.mul(a, 0.5, out=out))))
+        cases.append((2 * n * FP32_BYTES, _binary(n, device, lambda a, b, out: out.copy_(a))))
+    return fit(measure_sizes(cases, sync, settings))
+
+
+def _binary(n: int, device: torch.device, op):
+    def make():
+        a, b, out = (torch.rand(n, device=device) for _ in range(3))
+        return lambda: op(a, b, out)
+    return make
+
+
+def measure_host_overhead(device: torch.device, settings: Settings) -> tuple[float, float]:
+    """Seconds one tiny eager op costs (dispatch plus, on a GPU, its launch; the device
+    waits for the host when this is longer than the kernel), and the spread."""
+    sync = synchronizer(device)
+    a, b = torch.ones(8, device=device), torch.ones(8, device=device)
+
+    def ops():
+        for _ in range(HOST_OP_CALLS):
+            torch.add(a, b)
+
+    timing = time_call(ops, sync, settings)
+    return timing.seconds / HOST_OP_CALLS, timing.spread
+
+
+def measure_optimizer(device: torch.device, settings: Settings) -> Fit:
+    """torch.optim.AdamW (foreach) steps on fp32 parameters, a Rate on
+    ADAMW_BYTES_PER_PARAM bytes per parameter (compare with the memory Rate)."""
+    sync = synchronizer(device)
+    counts = [2**p for p in ((12, 14, 16) if settings.quick else (14, 16, 18, 20, 22))]
+    if device.type == "cuda":
+        counts = [2**p for p in (18, 20, 22, 24, 26)]
+
+    def case(total: int):
+        def make():
+            params = [torch.nn.Parameter(torch.rand(total // 8, device=device)) for _ in range(8)]
+            for p in params:
+                p.grad = torch.rand_like(p)
+            optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+            optimizer.step()  # creates the moments: their allocation is not a step's cost
+            return optimizer.step
+        return total * ADAMW_BYTES_PER_PARAM, make
+
+    return fit(measure_sizes([case(total) for total in counts], sync, settings))
+
+
+def measure_host_to_device(device: torch.device, settings: Settings) -> Fit:
+    """Pinned host memory to `device` (a GPU), one direction: a Rate on bytes."""
+    sync = synchronizer(device)
+    sizes = [2**p for p in ((16, 20, 24) if settings.quick else (16, 18, 20, 22, 24, 26, 28))]
+
+    def case(nbytes: int):
+        def make():
+            host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+            target = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            return lambda: target.copy_(host, non_blocking=True)
+        return nbytes, make
+
+    return fit(measure_sizes([case(n) for n in sizes], sync, settings))
+

@@ -1,0 +1,54 @@
+"""The table `trainwise calibrate` prints: each measured rate with its unit."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from trainwise.hardware.profile import Rate
+
+
+def rate_rows(profile) -> list[tuple[str, str, str]]:
+    """(what, throughput with unit, fixed cost per op in µs) for every rate of `profile`."""
+    rows = [(f"matmul {dtype}", _tflops(rate), _micro(rate.fixed_s)) for dtype, rate in profile.matmul.items()]
+    rows += [(f"attention {dtype} (fwd+bwd)", _tflops(rate), _micro(rate.fixed_s))
+             for dtype, rate in profile.attention.items()]
+    rows.append(("memory (bytes read + written)", _gbs(profile.memory.per_s), _micro(profile.memory.fixed_s)))
+    rows.append(("host per eager op", "-", _micro(profile.host_s_per_op)))
+    optimizer = profile.measured.get("optimizer_step")
+    if optimizer:
+        rows.append(("AdamW step (28 B/param)", _gbs(optimizer["per_s"]), _micro(optimizer["fixed_s"])))
+    rows += [(f"{name.replace('_', '-')} (bytes sent per rank)", _gbs(rate.per_s), _micro(rate.fixed_s))
+             for name, rate in profile.collectives.items()]
+    if profile.host_to_device:
+        rows.append(("host to device (pinned)", _gbs(profile.host_to_device.per_s),
+                     _micro(profile.host_to_device.fixed_s)))
+    return rows
+
+
+def _tflops(rate: Rate) -> str:
+    return f"{rate.per_s / 1e12:.3g} TFLOP/s"
+
+
+def _gbs(per_s: float) -> str:
+    return f"{per_s / 1e9:.3g} GB/s"
+
+
+def _micro(seconds: float) -> str:
+    return f"{seconds * 1e6:.3g} µs"
+
+
+def render_calibration(result) -> None:
+    profile = result.profile
+    measured = profile.measured
+    table = Table(title=f"{profile.device_name}: measured in {result.seconds:.0f} s "
+                        f"(median of {measured.get('repeats_per_size')} repeats per size, "
+                        f"{measured.get('torch_threads')} threads)", title_justify="left")
+    for column, justify in (("rate", "left"), ("throughput", "right"), ("fixed cost per op", "right"),
+                            ("source", "left")):
+        table.add_column(column, justify=justify)
+    for what, throughput, fixed in rate_rows(profile):
+        table.add_row(what, throughput, fixed, "measured")
+    console = Console()
+    console.print(table)
+    console.print(f"an op of size x takes fixed cost + x / throughput; profile written to {result.path}")
