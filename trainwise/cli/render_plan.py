@@ -64,7 +64,7 @@ def render_plan(report, paths: list[str | None], console) -> None:
                       + (f"; plan file {path})" if path else ")"), soft_wrap=True)
     if not result.timed:
         console.print("ranked without a time prediction (no step-time model or device profile for this device): "
-                      "largest micro-batch first, then least memory")
+                      "largest micro-batch first, then without recomputation, not eager attention, least memory")
     for _, _, line in report.why_lost:
         console.print(f"why not {line}", soft_wrap=True)
     for note in (*report.space.notes, *result.notes):

@@ -27,10 +27,11 @@ def emit(plan: Plan, target: str, model: str) -> tuple[str, list[str]]:
 
 
 def train_flags(plan: Plan, model: str) -> str:
-    """`trainwise train MODEL --flag value ...` for the knobs that differ from the defaults
-    (the device is left out: train runs on the GPU that is there)."""
+    """`trainwise train MODEL --flag value ...`: the batch shape, then the knobs that differ
+    from the defaults (the device is left out: train runs on the GPU that is there)."""
     parts = ["trainwise", "train", model]
-    for name, value in plan.changed_knobs().items():
+    shown = {"batch_size": plan.batch_size, "grad_accum": plan.grad_accum, **plan.changed_knobs()}
+    for name, value in shown.items():
         if name == "device":
             continue
         flag = "--" + name.replace("_", "-")

@@ -135,11 +135,13 @@ def candidate_of(plan: Plan, measure: Measure, device: Device, *, exact: bool) -
 
 
 def rank_key(candidate: Candidate, timed: bool):
-    """Best first: highest predicted tokens/s; without a time prediction, the largest
-    micro-batch, then the least memory."""
+    """Best first: highest predicted tokens/s. Without a time prediction there is no speed to
+    rank by; the order is then the largest micro-batch, without recomputation, not eager
+    attention, then the least memory (said so wherever it is shown)."""
     if timed:
         return (-candidate.tokens_per_s, candidate.memory_bytes)
-    return (-candidate.plan.batch_size, candidate.memory_bytes)
+    plan = candidate.plan
+    return (-plan.batch_size, plan.grad_ckpt, plan.attention == "eager", candidate.memory_bytes)
 
 
 def fits(candidate: Candidate, usable_bytes: int | None) -> bool:
