@@ -59,9 +59,10 @@ def run(args) -> int:
     warning = check_restart_request(run_config, plan.nproc)
     # With no --device anywhere, train on what is here (the Plan's default names CUDA).
     explicit = "device" in vars(args) or "device" in from_file
-    plan = resolve_auto(auto, plan, args.model or DEFAULT_MODEL,
-                        device_name_for_estimate(runtime_device(plan.device, explicit=explicit)),
-                        args.task, args.trust_remote_code)
+    if auto.plan or auto.batch:  # chosen for the device this run will use
+        plan = resolve_auto(auto, plan, args.model or DEFAULT_MODEL,
+                            device_name_for_estimate(runtime_device(plan.device, explicit=explicit)),
+                            args.task, args.trust_remote_code)
     if should_launch(plan.nproc):
         # Bad input fails here, once, with exit 2, before any worker starts.
         layout = resolve_layout(plan, plan.nproc)

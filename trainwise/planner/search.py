@@ -89,23 +89,23 @@ def variant_points(space: Space, cache: TraceCache, variant: dict):
     """((low, Measure), (high, Measure)) of a variant, or None when the estimate refused it.
 
     Traced: the rows-dependent line once per precision, checkpointing and attention kernel
-    (first optimizer, no LoRA) at two sizes; LoRA at the high size, along that line (its
-    adapters add few activations per row); another optimizer as a difference measured once
-    per precision and LoRA on the first checkpointing and attention choice (an optimizer
-    adds the same state and update whatever the forward keeps)."""
+    (with the first optimizer, no LoRA) at two sizes. Another optimizer or LoRA moves that
+    line by a difference traced once per precision, on the first checkpointing and attention
+    choice: they change the model states and the update, which do not depend on what the
+    forward keeps (the exact confirmation corrects what this misses)."""
     low, high = traced_sizes(space)
     first = {name: values[0] for name, values in space.choices.items()}
     line = {**variant, "optim": first["optim"], "lora_rank": first["lora_rank"]}
-    own = {**variant, "optim": first["optim"]}
-    reference = {**own, "grad_ckpt": first["grad_ckpt"], "attention": first["attention"]}
-    needed = [cache.at(line, low), cache.at(line, high), cache.at(own, high)]
-    if variant["optim"] != first["optim"]:
-        needed += [cache.at({**reference, "optim": variant["optim"]}, high), cache.at(reference, high)]
+    needed = [cache.at(line, low), cache.at(line, high)]
+    moved = variant != line
+    if moved:
+        reference = {**variant, "grad_ckpt": first["grad_ckpt"], "attention": first["attention"]}
+        needed += [cache.at(reference, high),
+                   cache.at({**reference, "optim": first["optim"], "lora_rank": first["lora_rank"]}, high)]
     if any(m is None for m in needed):
         return None
-    line_low, line_high, own_high = needed[:3]
-    if len(needed) == 5:
-        own_high = _plus_difference(own_high, needed[3], needed[4])
+    line_low, line_high = needed[:2]
+    own_high = _plus_difference(line_high, needed[2], needed[3]) if moved else line_high
     own_low = own_high if low == high else _plus_difference(own_high, line_low, line_high)
     return (low, own_low), (high, own_high)
 
