@@ -55,7 +55,7 @@ def render_plan(report, paths: list[str | None], console) -> None:
     for rank, candidate in enumerate(result.ranked, 1):
         table.add_row(str(rank), f"{candidate.memory_bytes / GIB:.1f}", _number(candidate.step_s, ".3g"),
                       _number(candidate.tokens_per_s, ",.0f"),
-                      _number(candidate.mfu * 100 if candidate.mfu is not None else None, ".0f") + " %",
+                      "-" if candidate.mfu is None else f"{candidate.mfu * 100:.0f} %",
                       ", ".join(candidate.changes_math) or "no")
     console.print(table)
     for rank, (candidate, path) in enumerate(zip(result.ranked, paths), 1):
