@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainwise.cli.flags import add_knob_flags, plan_from_args
+from trainwise.cli.flags import add_auto_batch_flags, add_knob_flags, plan_from_args
 
 
 def register(commands) -> None:
@@ -19,6 +19,7 @@ def register(commands) -> None:
     parser.add_argument("--by-module", action="store_true", help="also show which modules hold the activations")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     add_knob_flags(parser)
+    add_auto_batch_flags(parser)
     parser.set_defaults(run=run)
 
 
@@ -29,7 +30,14 @@ def run(args) -> int:
     from trainwise.cli.output import print_json
     from trainwise.cli.render_estimate import render_estimate
 
+    from trainwise.cli.train_auto import resolve_auto, take_auto_request
+
+    auto = take_auto_request(args)
+    if auto.plan:
+        from trainwise.common.errors import InputError
+        raise InputError("--plan", "auto is for `trainwise train`; to search plans use `trainwise plan`")
     plan = plan_from_args(args)
+    plan = resolve_auto(auto, plan, args.model, plan.device, args.task, args.trust_remote_code)
     result = estimate(args.model, plan, task=args.task, trust_remote_code=args.trust_remote_code)
     if args.json:
         data = result.to_json()

@@ -37,3 +37,47 @@ def typed_values(args: argparse.Namespace, specs: Iterable[KnobSpec]) -> dict[st
 
 def plan_from_args(args: argparse.Namespace) -> Plan:
     return plan_from_sources(args.plan, typed_values(args, Plan.specs()))
+
+
+def add_auto_batch_flags(parser: argparse.ArgumentParser) -> None:
+    """--global-batch and --memory-margin, the settings of `--batch-size auto`."""
+    group = parser.add_argument_group("--batch-size auto (the largest micro-batch predicted to fit)")
+    group.add_argument("--global-batch", default=None, metavar="B",
+                       help="samples per optimizer step over all replicas, kept by accumulation")
+    group.add_argument("--memory-margin", default="0.05", metavar="FRACTION",
+                       help="share of device memory left free when checking a fit (default: 0.05)")
+
+
+def take_auto_batch(args: argparse.Namespace) -> bool:
+    """True when the user typed `--batch-size auto`; the value is removed from `args` so the
+    Plan (whose batch_size is an int) is built without it."""
+    if getattr(args, "batch_size", None) == "auto":
+        del args.batch_size
+        return True
+    return False
+
+
+def explicit_knobs(args: argparse.Namespace) -> frozenset[str]:
+    """The knobs the user gave: typed flags and plan-file keys (held fixed by the search)."""
+    from trainwise.plan import load_plan_file
+
+    from_file = load_plan_file(args.plan) if getattr(args, "plan", None) not in (None, "auto") else {}
+    return frozenset({*typed_values(args, Plan.specs()), *(k.replace("-", "_") for k in from_file)})
+
+
+def number_option(args: argparse.Namespace, name: str, kind: type = int, minimum: float = 1):
+    """The value of an option that is not a knob, checked: InputError naming its flag."""
+    from trainwise.common.errors import InputError
+
+    text = getattr(args, name, None)
+    if text is None:
+        return None
+    flag = "--" + name.replace("_", "-")
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        noun = "an int" if kind is int else "a number"
+        raise InputError(flag, f"must be {noun} >= {minimum} (got {text!r})")
+    return value

@@ -23,12 +23,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from trainwise.cli import bench_cmd, calibrate_cmd, env_cmd, estimate_cmd, export_cmd, models_cmd, train_cmd
+    from trainwise.cli import (bench_cmd, calibrate_cmd, env_cmd, estimate_cmd, export_cmd, models_cmd, plan_cmd,
+                               train_cmd)
 
     parser = _Parser(prog="trainwise", description="Predict, plan, train and measure transformer training.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     estimate_cmd.register(commands)
+    plan_cmd.register(commands)
     models_cmd.register(commands)
     train_cmd.register(commands)
     bench_cmd.register(commands)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from trainwise.cli.flags import add_knob_flags, add_spec_flags, plan_from_args, typed_values
+from trainwise.cli.flags import add_auto_batch_flags, add_knob_flags, add_spec_flags, plan_from_args, typed_values
 from trainwise.engine.run_config import RunConfig
 
 DEFAULT_MODEL = "tiny-llama"
@@ -27,6 +27,7 @@ def register(commands) -> None:
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     add_knob_flags(parser)
     add_spec_flags(parser.add_argument_group("run settings"), RunConfig.specs())
+    add_auto_batch_flags(parser)  # --plan auto and --batch-size auto: trainwise/cli/train_auto.py
     parser.set_defaults(run=run)
 
 
@@ -45,6 +46,10 @@ def run(args) -> int:
     from trainwise.plan import load_plan_file
     from trainwise.models.families.checks import check_model_layout
 
+    from trainwise.cli.train_auto import resolve_auto, take_auto_request, train_stepping_down
+    from trainwise.engine.job import device_name_for_estimate
+
+    auto = take_auto_request(args)
     plan = plan_from_args(args)
     from_file = load_plan_file(args.plan) if args.plan is not None else {}
     if args.model is None:
@@ -54,6 +59,10 @@ def run(args) -> int:
     warning = check_restart_request(run_config, plan.nproc)
     # With no --device anywhere, train on what is here (the Plan's default names CUDA).
     explicit = "device" in vars(args) or "device" in from_file
+    if auto.plan or auto.batch:  # chosen for the device this run will use
+        plan = resolve_auto(auto, plan, args.model or DEFAULT_MODEL,
+                            device_name_for_estimate(runtime_device(plan.device, explicit=explicit)),
+                            args.task, args.trust_remote_code)
     if should_launch(plan.nproc):
         # Bad input fails here, once, with exit 2, before any worker starts.
         layout = resolve_layout(plan, plan.nproc)
@@ -67,11 +76,15 @@ def run(args) -> int:
     run_config = _continue_after_restart(run_config)
     console = Console(quiet=int(os.environ.get("RANK", "0")) != 0)  # rank 0 speaks for the job
     progress = StepProgress(console, run_config.steps)
+    steps = []
+
+    def run_train(chosen):
+        return train(args.model or DEFAULT_MODEL, plan=chosen, run=run_config, task=args.task,
+                     trust_remote_code=args.trust_remote_code, device_explicit=explicit,
+                     on_ready=lambda r: render_header(r, console), on_step=lambda e: (steps.append(e), progress(e)))
     try:
         with progress:
-            result = train(args.model or DEFAULT_MODEL, plan=plan, run=run_config, task=args.task,
-                           trust_remote_code=args.trust_remote_code, device_explicit=explicit,
-                           on_ready=lambda r: render_header(r, console), on_step=progress)
+            result = train_stepping_down(auto, plan, run_train, lambda: len(steps))
     finally:
         stop_distributed()
     render_summary(result, console)

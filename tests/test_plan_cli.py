@@ -1,0 +1,154 @@
+"""`trainwise plan`, `--plan auto` and `--batch-size auto` from the command line: bad input is
+one line naming the binding constraint (exit 2, before any trace), the table and JSON show
+what was predicted, and `--batch-size auto` picks the largest micro-batch that fits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_planner_search import GIB, formula
+from trainwise.api import plan as plan_api
+from trainwise.cli.main import main
+from trainwise.cli.train_auto import AutoRequest, train_stepping_down
+from trainwise.common.errors import OutOfMemory
+from trainwise.estimate.result import EstimateResult
+from trainwise.plan import Plan
+from trainwise.planner.compose import Measure
+
+
+def _use(monkeypatch, evaluate):
+    """The CLI's search judges plans with `evaluate` instead of the estimator."""
+    monkeypatch.setattr(plan_api, "estimate_evaluator", lambda spec, profile=None: evaluate)
+
+
+def _never(plan):
+    raise AssertionError(f"a plan was evaluated before the request was refused: {plan}")
+
+
+def _refused(capsys, argv, field):
+    code = main(argv)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(err) == 1, (code, err)
+    assert err[0].startswith(f"trainwise: error: {field}: "), err
+    return err[0]
+
+
+PLAN = ["plan", "tiny-llama", "--device", "H100", "--seq-len", "64"]
+
+
+@pytest.mark.parametrize("flags, field, says", [
+    (["--gpus", "2", "--dp", "2", "--global-batch", "3"], "--global-batch", "--global-batch 2 or --global-batch 4"),
+    (["--batch-size", "3", "--global-batch", "8"], "--batch-size", "closest: --global-batch 6 or --global-batch 9"),
+    (["--allow", "lora,magic"], "--allow", "allowed: lora, adamw-8bit, adafactor, bf16-pure, fp16"),
+    (["--gpus", "0"], "--gpus", ">= 1"),
+    (["--top", "0"], "--top", ">= 1"),
+    (["--device", "H999"], "--device", "unknown GPU 'H999'"),
+    (["--device", "V100", "--precision", "bf16"], "--precision", "use fp16"),
+])
+def test_bad_input_is_refused_before_any_plan_is_evaluated(flags, field, says, monkeypatch, capsys, fault_log):
+    _use(monkeypatch, _never)
+    argv = PLAN + flags if "--device" not in flags else PLAN[:2] + ["--seq-len", "64"] + flags
+    message = _refused(capsys, argv, field)
+    assert says in message
+    fault_log(kind="bad input", case=f"trainwise {' '.join(argv)}", exit_code=2, message=message, lost=0)
+
+
+def test_nothing_fits_names_the_smallest_plan_its_shortfall_and_what_would_help(monkeypatch, capsys, fault_log):
+    _use(monkeypatch, lambda plan: Measure(200 * GIB + plan.batch_size, 1.0))
+    argv = PLAN + ["--global-batch", "8"]
+    message = _refused(capsys, argv, "memory")
+    assert "no plan fits H100-80GB" in message and "the smallest, `trainwise train tiny-llama --batch-size 1" in message
+    assert "GiB over" in message and "--allow lora,adafactor,adamw-8bit,bf16-pure would add plans" in message
+    fault_log(kind="bad input", case="trainwise plan tiny-llama --device H100 (every plan needs 200 GiB)",
+              exit_code=2, message=message, lost=0)
+
+
+def test_a_fixed_flag_that_makes_every_plan_miss_is_named(monkeypatch, capsys, fault_log):
+    _use(monkeypatch, lambda plan: Measure(plan.batch_size * 10 * GIB, 1.0))
+    argv = PLAN + ["--batch-size", "16"]
+    message = _refused(capsys, argv, "memory")
+    assert "held fixed: --batch-size 16" in message and "--seq-len 64" in message
+    fault_log(kind="bad input", case=f"trainwise {' '.join(argv)} (16 rows need 160 GiB)", exit_code=2,
+              message=message, lost=0)
+
+
+def test_the_json_lists_the_ranked_plans_with_predictions_flags_and_plan_files(monkeypatch, capsys, tmp_path):
+    _use(monkeypatch, formula)
+    code = main(PLAN + ["--global-batch", "16", "--top", "2", "--json", "--out", str(tmp_path),
+                        "--emit", "deepspeed", "--emit-out", str(tmp_path / "ds.json")])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0 and data["ranked_by"] == "tokens_per_s" and len(data["plans"]) == 2
+    best = data["plans"][0]
+    assert best["exact"] and best["source"] == "predicted" and best["tokens_per_s"] >= data["plans"][1]["tokens_per_s"]
+    assert best["flags"].startswith("trainwise train tiny-llama --batch-size")
+    written = Plan.from_dict({k: v for k, v in _yaml(best["plan_file"]).items()})
+    assert written.to_dict() == best["plan"]
+    assert json.loads((tmp_path / "ds.json").read_text())["train_micro_batch_size_per_gpu"] == best["plan"]["batch_size"]
+    assert any(a["technique"] == "grad_ckpt" for a in data["alternatives"])
+
+
+def _yaml(path):
+    import yaml
+
+    with open(path) as handle:
+        return yaml.safe_load(handle)
+
+
+def test_batch_size_auto_in_estimate_picks_the_largest_micro_batch_that_fits_and_says_so(capsys):
+    code = main(["estimate", "tiny-llama", "--device", "T4", "--seq-len", "32", "--batch-size", "auto",
+                 "--global-batch", "2", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0 and json.loads(captured.out)["plan"]["batch_size"] == 2
+    assert "--batch-size auto picked 2 (x 1 accumulation): predicted" in captured.err
+
+
+@pytest.mark.slow
+def test_batch_size_auto_is_the_largest_micro_batch_under_the_usable_memory():
+    """Real estimates of tiny-llama on a catalog GPU, with a capacity between the needs of
+    micro-batches 4 and 8: auto picks 4, keeps the global batch of 16, and steps down to 2."""
+    from trainwise.api.batch_auto import largest_fitting_batch
+    from trainwise.api.estimate import estimate
+    from trainwise.models import resolve_model
+
+    spec, plan = resolve_model("tiny-llama"), Plan(device="A100-80GB", seq_len=256, precision="bf16")
+    need = {mb: estimate(spec, plan.replace(batch_size=mb)).memory.device_total for mb in (4, 8)}
+    assert need[4] < need[8]
+    picked = largest_fitting_batch(spec, plan, global_batch=16, margin=0.0, capacity_bytes=(need[4] + need[8]) // 2)
+    assert (picked.plan.batch_size, picked.plan.grad_accum) == (4, 4)
+    assert (picked.smaller.batch_size, picked.smaller.grad_accum) == (2, 8)
+
+
+@pytest.mark.fault
+def test_batch_size_auto_steps_down_once_after_a_first_step_out_of_memory_and_never_loops(capsys, fault_log):
+    request = AutoRequest(plan=False, batch=True, global_batch=None, margin=0.05, fixed=frozenset(),
+                          smaller=Plan(batch_size=4))
+    tried = []
+
+    def out_of_memory(plan):
+        tried.append(plan.batch_size)
+        raise OutOfMemory("out of memory at step 1")
+    with pytest.raises(OutOfMemory):
+        train_stepping_down(request, Plan(batch_size=8), out_of_memory, lambda: 0)
+    assert tried == [8, 4]
+    line = capsys.readouterr().err.strip()
+    assert line == ("--batch-size auto: micro-batch 8 ran out of memory in the first step; trying 4 "
+                    "(x 1 accumulation) once")
+
+    def only_8_too_big(plan):
+        return plan.batch_size if plan.batch_size < 8 else out_of_memory(plan)
+    assert train_stepping_down(request, Plan(batch_size=8), only_8_too_big, lambda: 0) == 4
+    with pytest.raises(OutOfMemory):  # after a step has run, the OOM is not the batch size's
+        train_stepping_down(request, Plan(batch_size=8), out_of_memory, lambda: 1)
+    fault_log(kind="fault", case="--batch-size auto, out of memory in the first step", exit_code=3, message=line,
+              lost=0)
+
+
+@pytest.mark.skipif(not hasattr(EstimateResult, "time") and "time" not in EstimateResult.__dataclass_fields__,
+                    reason="EstimateResult has no step-time prediction yet (the time model lands separately)")
+def test_train_plan_auto_on_tiny_llama_on_cpu_trains_the_chosen_plan(capsys, tmp_path):
+    code = main(["train", "tiny-llama", "--plan", "auto", "--device", "cpu", "--seq-len", "32", "--global-batch", "4",
+                 "--steps", "2", "--output", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 0 and "--plan auto chose" in err and "--plan auto trains: trainwise train tiny-llama" in err

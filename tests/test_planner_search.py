@@ -1,0 +1,167 @@
+"""The plan search (trainwise/planner/): what it tries, what it keeps, how it ranks.
+
+Most tests inject an evaluator whose memory and time are known formulas, so the search's own
+logic is checked without the estimator; one test checks the composition against exact
+estimates of a small model."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainwise.api.plan import estimate_evaluator
+from trainwise.hardware import resolve_device
+from trainwise.models import resolve_model
+from trainwise.plan import Plan
+from trainwise.planner.compose import Measure, composed
+from trainwise.planner.search import candidate_of, fits, search, traced_sizes
+from trainwise.planner.space import build_space, parse_allow
+from trainwise.planner.why_lost import alternatives
+
+GIB = 2 ** 30
+H100 = resolve_device("H100")
+STATES = {"adamw": 16, "adamw-fused": 16, "adafactor": 9, "adamw-8bit": 10}  # GiB, full training
+ROW_GIB = {"bf16": 1.0, "tf32": 2.0, "fp16": 1.0, "bf16-pure": 1.0}
+
+
+def formula(plan: Plan) -> Measure:
+    """A plan's memory and time as simple, linear formulas: activations grow with the
+    micro-batch (eager attention 3x, checkpointing /5), checkpointing recomputes, the fused
+    optimizer is faster, LoRA shrinks the states and the optimizer step."""
+    states = (2 if plan.lora else STATES[plan.optim]) * GIB
+    rows = ROW_GIB[plan.precision] * (3 if plan.attention == "eager" else 1) / (5 if plan.grad_ckpt else 1)
+    per_sample = 0.02 * (2 if plan.precision == "tf32" else 1) * (1.2 if plan.attention == "eager" else 1)
+    matmul = plan.batch_size * plan.grad_accum * per_sample
+    recompute = matmul * 0.3 if plan.grad_ckpt else 0.0
+    optimizer = 0.01 if plan.lora else (0.05 if plan.optim == "adamw-fused" else 0.08)
+    breakdown = {"matmul": matmul, "recompute": recompute, "optimizer": optimizer}
+    return Measure(memory_bytes=int(states + rows * GIB * plan.batch_size), step_s=sum(breakdown.values()),
+                   breakdown=breakdown, ideal_s=matmul * 0.5)
+
+
+class Counting:
+    """The formula, counting the plans it was asked about."""
+
+    def __init__(self, function=formula):
+        self.function, self.plans = function, []
+
+    def __call__(self, plan):
+        self.plans.append(plan)
+        return self.function(plan)
+
+
+def space_for(fixed_values=None, allow="", global_batch=64, device=H100):
+    fixed_values = {"device": device.name, "seq_len": 1024, **(fixed_values or {})}
+    base = Plan.from_dict(fixed_values)
+    return build_space(base, frozenset(fixed_values), device, parse_allow(allow), global_batch,
+                       flash_refusal="not installed")
+
+
+def test_a_fixed_flag_is_never_changed_in_any_plan_tried_or_shown():
+    space = space_for({"attention": "eager", "optim": "adamw", "grad_ckpt": True})
+    evaluator = Counting()
+    result = search(space, H100, evaluator, capacity_bytes=80 * GIB)
+    tried = evaluator.plans + [c.plan for c in result.screened + result.ranked]
+    assert result.ranked
+    assert {(p.attention, p.optim, p.grad_ckpt) for p in tried} == {("eager", "adamw", True)}
+
+
+def test_techniques_that_change_the_math_are_tried_only_when_allowed_and_are_marked():
+    plain = search(space_for(), H100, Counting(), capacity_bytes=80 * GIB)
+    assert not any(c.plan.lora or c.plan.optim in ("adafactor", "adamw-8bit") or c.plan.precision in
+                   ("fp16", "bf16-pure") for c in plain.screened)
+    assert all(c.changes_math == () for c in plain.screened)
+    allowed = search(space_for(allow="lora,adafactor"), H100, Counting(), capacity_bytes=80 * GIB)
+    lora = [c for c in allowed.screened if c.plan.lora]
+    assert lora and all("lora" in c.changes_math for c in lora)
+    assert {c.plan.optim for c in allowed.screened} == {"adamw", "adamw-fused", "adafactor"}
+    assert {c.plan.precision for c in allowed.screened} == {"bf16", "tf32"}  # fp16, bf16-pure not allowed
+
+
+def test_only_plans_under_capacity_less_the_margin_are_ranked():
+    capacity = 40 * GIB
+    result = search(space_for(), H100, Counting(), capacity_bytes=capacity, margin=0.1, top=50)
+    usable = int(capacity * 0.9)
+    assert result.usable_bytes == usable
+    assert result.ranked and all(c.memory_bytes <= usable for c in result.ranked)
+    # Plans between the usable share and the full capacity exist, and were left out.
+    squeezed = [c for c in result.screened if usable < c.memory_bytes <= capacity]
+    assert squeezed and not {c.plan for c in squeezed} & {c.plan for c in result.ranked}
+
+
+def test_the_ranking_is_by_predicted_tokens_per_s_and_matches_a_brute_force_search():
+    result = search(space_for(), H100, Counting(), capacity_bytes=40 * GIB, top=3)
+    speeds = [c.tokens_per_s for c in result.ranked]
+    assert speeds == sorted(speeds, reverse=True) and all(c.exact for c in result.ranked)
+    usable = result.usable_bytes
+    brute = [candidate_of(c.plan, formula(c.plan), H100, exact=True) for c in result.screened]
+    best = max((c for c in brute if c.memory_bytes <= usable), key=lambda c: c.tokens_per_s)
+    assert result.ranked[0].tokens_per_s == pytest.approx(best.tokens_per_s)
+
+
+def test_accumulation_reaches_the_global_batch_exactly():
+    space = space_for(global_batch=48)
+    result = search(space, H100, Counting(), capacity_bytes=80 * GIB)
+    assert {c.plan.batch_size for c in result.screened} == {1, 2, 3, 4, 6, 8, 12, 16, 24, 48}
+    assert all(c.plan.batch_size * c.plan.grad_accum == 48 for c in result.screened + result.ranked)
+
+
+def test_the_screen_traces_few_plans_and_composes_the_rest_exactly_for_linear_figures():
+    evaluator = Counting()
+    result = search(space_for(), H100, evaluator, capacity_bytes=80 * GIB)
+    assert len(set(evaluator.plans)) <= 24 < len(result.screened)
+    for candidate in result.screened[::7]:
+        exact = formula(candidate.plan)
+        assert candidate.memory_bytes == pytest.approx(exact.memory_bytes, rel=1e-6)
+        assert candidate.step_s == pytest.approx(exact.step_s, rel=1e-6)
+
+
+def test_a_plan_that_misses_when_confirmed_steps_down_to_a_smaller_micro_batch():
+    """Memory that grows faster than the line (quadratic): the screen is optimistic for large
+    micro-batches; the exact check rejects them and the shown plans all fit exactly."""
+    def curved(plan):
+        measure = formula(plan)
+        return Measure(measure.memory_bytes + int(0.05 * GIB * plan.batch_size ** 2), measure.step_s,
+                       measure.breakdown, measure.ideal_s)
+    result = search(space_for(), H100, Counting(curved), capacity_bytes=40 * GIB, top=2)
+    assert result.ranked and all(c.exact and curved(c.plan).memory_bytes <= result.usable_bytes
+                                 for c in result.ranked)
+
+
+def test_why_lost_names_the_step_time_cost_or_the_missing_memory():
+    result = search(space_for(), H100, Counting(), capacity_bytes=30 * GIB)
+    winner = result.ranked[0]
+    lines = {knob: line for knob, _, line in alternatives(winner, result.screened, result.usable_bytes,
+                                                          result.timed, ("grad_ckpt", "attention", "optim"))}
+    assert not winner.plan.grad_ckpt and lines["grad_ckpt"].startswith("grad checkpointing: -")
+    assert "recompute +" in lines["grad_ckpt"] and "% tokens/s" in lines["grad_ckpt"]
+    assert lines["optim"].startswith("optimizer adamw: -") and "optimizer +" in lines["optim"]
+    assert lines["attention"].startswith("eager attention: ")
+
+
+def test_an_alternative_that_fits_nowhere_says_how_much_it_needs():
+    space = space_for({"batch_size": 16, "grad_ckpt": False}, global_batch=None)
+    result = search(space, H100, Counting(), capacity_bytes=40 * GIB)
+    (_, other, line), = alternatives(result.ranked[0], result.screened, result.usable_bytes, True, ("attention",))
+    assert not fits(other, result.usable_bytes)
+    assert line.startswith("eager attention: does not fit: needs ") and "GiB usable" in line
+
+
+@pytest.mark.slow
+def test_composed_memory_matches_exact_estimates_of_a_small_model():
+    """The screen's line through two traced micro-batches against exact estimates of
+    tiny-llama (CPU: bytes as asked, no allocator rounding)."""
+    evaluate = estimate_evaluator(resolve_model("tiny-llama"))
+    base = Plan(device="cpu", seq_len=64)
+    low, high = 2, 8
+    points = (low, evaluate(base.replace(batch_size=low))), (high, evaluate(base.replace(batch_size=high)))
+    for micro_batch in (4, 16):
+        exact = evaluate(base.replace(batch_size=micro_batch)).memory_bytes
+        assert composed(*points, micro_batch, 1).memory_bytes == pytest.approx(exact, rel=0.03)
+
+
+def test_the_traced_sizes_are_within_the_options():
+    space = space_for(global_batch=12)
+    low, high = traced_sizes(space)
+    assert (low, high) == (1, 6)
+    assert traced_sizes(space_for(global_batch=64)) == (2, 8)
+    assert traced_sizes(space_for({"batch_size": 3}, global_batch=12)) == (3, 3)

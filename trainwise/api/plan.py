@@ -1,0 +1,185 @@
+"""`trainwise.api.plan_search`: search every plan for a model on a machine (planner/), with
+the estimator as the judge of each plan.
+
+    report = plan_search("Llama-3.1-8B", Plan(device="H100", seq_len=2048), fixed={"seq_len", "device"},
+                         global_batch=64)
+    report.result.ranked[0].plan, report.result.ranked[0].tokens_per_s
+
+Everything that can be refused is refused before the first trace (exit 2, one line)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import time
+from dataclasses import dataclass
+
+from trainwise.api.compatibility import check_request
+from trainwise.api.estimate import estimate
+from trainwise.common.errors import InputError
+from trainwise.common.units import human_bytes
+from trainwise.hardware import Device, resolve_device
+from trainwise.models import ModelSpec, check_seq_len, resolve_model
+from trainwise.models.attention import attention_refusal
+from trainwise.planner.compose import Measure
+from trainwise.planner.search import DEFAULT_MARGIN, Evaluator, SearchResult, search, smallest
+from trainwise.planner.space import ALLOWABLE, Space, build_space
+from trainwise.planner.why_lost import alternatives
+from trainwise.plan.plan import Plan
+
+# Knobs that change the memory a plan needs: held fixed, they can make every plan miss.
+MEMORY_KNOBS = ("batch_size", "seq_len", "precision", "optim", "grad_ckpt", "attention", "lora_rank", "dp",
+                "fsdp", "zero", "cpu_offload", "tp", "pp", "microbatches")
+ALTERNATIVE_KNOBS = ("grad_ckpt", "attention", "optim", "precision", "lora_rank", "layout")
+
+
+@dataclass
+class PlanReport:
+    """What `trainwise plan` shows: the search's result, the alternatives' lines, the space."""
+
+    model: str
+    device: Device
+    capacity_bytes: int | None
+    margin: float
+    space: Space
+    result: SearchResult
+    why_lost: list[tuple[str, object, str]]
+    seconds: float
+
+
+def measure_of(result) -> Measure:
+    """An EstimateResult as the search's Measure: the device total, and the step time when
+    the estimate has one (`result.time`, None without a device profile)."""
+    step = getattr(result, "time", None)
+    if step is None:
+        return Measure(memory_bytes=result.memory.device_total, step_s=None)
+    ideal = step.mfu * step.step_s if step.mfu is not None else None
+    return Measure(memory_bytes=result.memory.device_total, step_s=step.step_s,
+                   breakdown=dict(step.breakdown), ideal_s=ideal)
+
+
+def estimate_evaluator(spec: ModelSpec, profile=None) -> Evaluator:
+    """Evaluator backed by `trainwise.api.estimate` (memoized by plan). Compile is traced
+    eager (its effect is not predicted; the plan keeps the user's --compile)."""
+    takes_profile = "profile" in inspect.signature(estimate).parameters
+    if profile is not None and not takes_profile:
+        raise InputError("--profile", "this build's estimate has no step-time model to read a profile with")
+    kwargs = {"profile": profile} if takes_profile else {}
+    seen: dict[Plan, Measure] = {}
+
+    def evaluate(plan: Plan) -> Measure:
+        if plan not in seen:
+            seen[plan] = measure_of(estimate(spec, plan.replace(compile=False), **kwargs))
+        return seen[plan]
+    return evaluate
+
+
+def capacity_of(device: Device) -> int | None:
+    """The memory a plan must fit (bytes): the GPU's; for the CPU, this machine's RAM."""
+    if device.memory_bytes is not None:
+        return device.memory_bytes
+    if device.kind == "cpu":
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    raise InputError("--device", f"{device.name}: its memory is unknown, so no plan can be checked to fit; "
+                                 "name the target GPU, e.g. --device H100")
+
+
+def check_search_request(gpus: int, top: int, margin: float, base: Plan, fixed: frozenset[str],
+                         global_batch: int | None) -> None:
+    """The numeric arguments, and fixed layout degrees against the global batch."""
+    if gpus < 1:
+        raise InputError("--gpus", f"must be an int >= 1 (got {gpus})")
+    if top < 1:
+        raise InputError("--top", f"must be an int >= 1 (got {top})")
+    if not 0 <= margin < 1:
+        raise InputError("--memory-margin", f"must be a fraction in [0, 1) (got {margin})")
+    if global_batch is not None and global_batch < 1:
+        raise InputError("--global-batch", f"must be an int >= 1 (got {global_batch})")
+    if gpus == 1 and any(k in fixed for k in ("nproc", "dp", "fsdp", "tp", "pp")) and base.is_distributed:
+        raise InputError("--gpus", f"1 (the default) cannot hold the layout the flags fix; give --gpus "
+                                   f"{max(base.nproc, base.dp * base.fsdp * base.tp * base.pp)}")
+
+
+def plan_search(model: str | ModelSpec, base: Plan, fixed: set[str] | frozenset[str] = frozenset(), *,
+                allow: frozenset[str] = frozenset(), global_batch: int | None = None, gpus: int = 1,
+                gpus_per_node: int | None = None, inter_node_gbps: float | None = None, top: int = 3,
+                margin: float = DEFAULT_MARGIN, profile=None, task: str | None = None,
+                trust_remote_code: bool = False, evaluator: Evaluator | None = None) -> PlanReport:
+    """Search every plan for `model` on `base.device` x `gpus`; the best `top` that fit."""
+    started = time.perf_counter()
+    fixed = frozenset(fixed)
+    check_search_request(gpus, top, margin, base, fixed, global_batch)
+    device = resolve_device(base.device)
+    capacity = capacity_of(device)
+    spec = model if isinstance(model, ModelSpec) else resolve_model(model, task=task, trust_remote_code=trust_remote_code)
+    check_seq_len(spec, base.seq_len)
+    _check_fixed(base, fixed, device, spec)
+    space = build_space(base, fixed, device, allow, global_batch, data_parallel=_fixed_data_parallel(base, fixed),
+                        flash_refusal=attention_refusal("flash", device, spec, here=True),
+                        attention_refusals={k: r for k in ("sdpa", "eager")
+                                            if (r := attention_refusal(k, device, spec, here=False))})
+    evaluator = evaluator or estimate_evaluator(spec, profile)
+    extra = _layouts(spec, base, device, profile, gpus, gpus_per_node, inter_node_gbps, global_batch, fixed)
+    result = search(space, device, evaluator, capacity_bytes=capacity, top=top, margin=margin, extra=extra,
+                    own_screen=gpus == 1)
+    if not result.ranked:
+        raise nothing_fits(result, space, device, evaluator, spec.name)
+    lines = alternatives(result.ranked[0], result.screened, result.usable_bytes, result.timed, ALTERNATIVE_KNOBS)
+    return PlanReport(model=spec.name, device=device, capacity_bytes=capacity, margin=margin, space=space,
+                      result=result, why_lost=lines, seconds=time.perf_counter() - started)
+
+
+def _check_fixed(base: Plan, fixed: frozenset[str], device: Device, spec: ModelSpec) -> None:
+    """A fixed knob the device or model cannot run is refused now, naming its flag; refusals
+    of knobs the search chooses only remove those values from the search."""
+    try:
+        check_request(base, device, spec, here=False)
+    except InputError as refused:
+        if refused.field.lstrip("-").replace("-", "_") in fixed:
+            raise
+
+
+def _fixed_data_parallel(base: Plan, fixed: frozenset[str]) -> int:
+    return base.dp * base.fsdp if {"dp", "fsdp"} & fixed else 1
+
+
+def _layouts(spec, base, device, profile, gpus, gpus_per_node, inter_node_gbps, global_batch, fixed):
+    """The layout screen's candidates for several GPUs (none for one)."""
+    if gpus == 1:
+        return []
+    try:
+        layout_screen = importlib.import_module("trainwise.planner.layout_screen")
+    except ModuleNotFoundError:
+        raise InputError("--gpus", "searching layouts of several GPUs is not in this build; use --gpus 1") from None
+    inter_node = inter_node_gbps * 1e9 / 8 if inter_node_gbps is not None else None
+    return layout_screen.screen_layouts(spec, base, device, profile, gpus, gpus_per_node or gpus, inter_node,
+                                        global_batch, fixed)
+
+
+def nothing_fits(result: SearchResult, space: Space, device: Device, evaluator: Evaluator, model: str) -> InputError:
+    """One line: the smallest plan, what it needs against what is usable, what would help."""
+    from trainwise.planner.emit import train_flags
+
+    least = smallest(result.screened)
+    if least is None:
+        return InputError("--allow", "no plan could be traced for this model and device; see --debug")
+    need = evaluator(least.plan).memory_bytes
+    usable = result.usable_bytes
+    held = [f"--{k.replace('_', '-')} {getattr(space.base, k)}" for k in MEMORY_KNOBS if k in space.fixed]
+    helpful = [a for a in ("lora", "adafactor", "adamw-8bit", "bf16-pure") if a not in space.allow
+               and (a != "adamw-8bit" or device.kind == "cuda")]
+    return InputError("memory", f"no plan fits {device.name} ({human_bytes(usable)} usable with a "
+                             f"{space_margin(result, device)} margin): the smallest, `{train_flags(least.plan, model)}`,"
+                             f" needs {human_bytes(need)} (predicted), {human_bytes(need - usable)} over"
+                             + (f"; held fixed: {', '.join(held)}" if held else "")
+                             + (f"; --allow {','.join(helpful)} would add plans that need less memory" if helpful
+                                else ""))
+
+
+def space_margin(result: SearchResult, device: Device) -> str:
+    capacity = capacity_of(device)
+    return f"{(1 - result.usable_bytes / capacity) * 100:.0f} %"
+
+
+__all__ = ["PlanReport", "plan_search", "estimate_evaluator", "measure_of", "capacity_of", "ALLOWABLE"]

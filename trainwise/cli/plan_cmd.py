@@ -1,0 +1,85 @@
+"""`trainwise plan MODEL --device GPU [--gpus N] [knobs]`: search every plan, show the best."""
+
+from __future__ import annotations
+
+import sys
+
+from trainwise.cli.flags import add_auto_batch_flags, add_knob_flags, explicit_knobs, number_option, take_auto_batch
+from trainwise.cli.flags import plan_from_args
+
+
+def register(commands) -> None:
+    parser = commands.add_parser("plan", help="search every plan for a model and a machine; rank by predicted speed",
+                                 description="Search micro-batch, accumulation, precision, checkpointing, optimizer, "
+                                             "attention kernel (and the layouts of several GPUs) for MODEL; keep "
+                                             "the plans predicted to fit and rank them by predicted tokens/s. Any "
+                                             "plan flag given is held fixed.")
+    parser.add_argument("model", metavar="MODEL", help="catalog name, local Hugging Face directory or module:function")
+    parser.add_argument("--gpus", default="1", metavar="N", help="GPUs in all (default: 1)")
+    parser.add_argument("--gpus-per-node", default=None, metavar="G", help="GPUs per node (default: all on one)")
+    parser.add_argument("--inter-node-gbps", default=None, metavar="X", help="link between nodes, Gbit/s per GPU")
+    parser.add_argument("--top", default="3", metavar="K", help="plans to show (default: 3)")
+    parser.add_argument("--allow", default=None, metavar="LIST",
+                        help="techniques that change the training math the search may use: "
+                             "lora, adamw-8bit, adafactor, bf16-pure, fp16 (comma-separated)")
+    parser.add_argument("--profile", default=None, metavar="FILE", help="device profile (from `trainwise calibrate`)")
+    parser.add_argument("--out", default=None, metavar="DIR", help="write each shown plan as DIR/plan-N.yaml")
+    parser.add_argument("--emit", default=None, choices=("trainer", "accelerate", "deepspeed", "torchrun"),
+                        help="print the best plan for another launcher (with --emit-out FILE: write it there)")
+    parser.add_argument("--emit-out", default=None, metavar="FILE", help="where --emit writes (default: print)")
+    parser.add_argument("--task", default=None, help="causal-lm, seq-cls, seq2seq or masked-lm")
+    parser.add_argument("--trust-remote-code", action="store_true", help="allow a local model directory's own code")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    add_knob_flags(parser)
+    add_auto_batch_flags(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    import warnings
+
+    from rich.console import Console
+
+    from trainwise.api.plan import plan_search
+    from trainwise.cli.output import print_json
+    from trainwise.cli.render_plan import plan_json, render_plan, write_outputs
+    from trainwise.planner.space import parse_allow
+
+    # The estimate runs transformers' checkpointing switch dozens of times; its deprecation
+    # notice would drown the table.
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
+    take_auto_batch(args)  # auto is what the search does with a micro-batch it is not given
+    fixed = explicit_knobs(args)
+    search_args = dict(allow=parse_allow(args.allow), global_batch=number_option(args, "global_batch"),
+                       gpus=number_option(args, "gpus", minimum=1), top=number_option(args, "top", minimum=1),
+                       gpus_per_node=number_option(args, "gpus_per_node"),
+                       inter_node_gbps=number_option(args, "inter_node_gbps", float, 0),
+                       margin=number_option(args, "memory_margin", float, 0))
+    plan = plan_from_args(args)
+    report = plan_search(args.model, plan, fixed, profile=args.profile, task=args.task,
+                         trust_remote_code=args.trust_remote_code, **search_args)
+    paths = write_outputs(report, args.out)
+    emitted = _emit(report, args)
+    if args.json:
+        print_json(plan_json(report, paths, emitted))
+    else:
+        render_plan(report, paths, Console())
+        if emitted and args.emit_out is None:
+            print(emitted[0])
+        for knob in emitted[1] if emitted else []:
+            print(f"--emit {args.emit} cannot express: {knob}", file=sys.stderr)
+    return 0
+
+
+def _emit(report, args):
+    """(text, knobs it cannot express) of the best plan for --emit, written to --emit-out."""
+    from trainwise.common.atomic import atomic_write_text
+    from trainwise.planner.emit import emit
+
+    if args.emit is None:
+        return None
+    text, missing = emit(report.result.ranked[0].plan, args.emit, args.model)
+    if args.emit_out is not None:
+        atomic_write_text(args.emit_out, text + "\n")
+    return text, missing

@@ -1,0 +1,97 @@
+"""How `trainwise plan` shows its result: a table of the best plans, the alternatives' lines,
+the plan files, and the same as one JSON object."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import yaml
+
+from trainwise.common.atomic import atomic_write_text
+from trainwise.common.units import human_bytes
+from trainwise.planner.emit import train_flags
+
+GIB = 2 ** 30
+
+
+def write_outputs(report, out_dir: str | None) -> list[str | None]:
+    """Each shown plan as OUT/plan-N.yaml (atomically); the paths (None when not written)."""
+    ranked = report.result.ranked
+    if out_dir is None:
+        return [None] * len(ranked)
+    paths = []
+    for rank, candidate in enumerate(ranked, 1):
+        path = Path(out_dir) / f"plan-{rank}.yaml"
+        header = (f"# trainwise plan {rank} for {report.model} on {report.device.name}: predicted "
+                  f"{human_bytes(candidate.memory_bytes)} device total" + _time_phrase(candidate) + "\n")
+        atomic_write_text(path, header + yaml.safe_dump(candidate.plan.to_dict(), sort_keys=False))
+        paths.append(str(path))
+    return paths
+
+
+def _time_phrase(candidate) -> str:
+    if math.isnan(candidate.step_s):
+        return ""
+    return f", {candidate.step_s:.3g} s per step, {candidate.tokens_per_s:,.0f} tokens/s"
+
+
+def _number(value, digits: str) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, digits)
+
+
+def render_plan(report, paths: list[str | None], console) -> None:
+    from rich.table import Table
+
+    result = report.result
+    usable = human_bytes(result.usable_bytes) if result.usable_bytes is not None else "unknown"
+    console.print(f"[bold]{report.model}[/bold] on {report.device.name}: {len(result.screened)} plans screened, "
+                  f"{result.evaluations} estimates, {report.seconds:.1f} s; fit: predicted device total <= {usable} "
+                  f"({report.margin * 100:.0f} % margin)")
+    table = Table(show_header=True, header_style="bold")
+    for column in ("#", "memory (GiB, predicted)", "step (s, predicted)", "tokens/s (predicted)", "MFU (predicted)",
+                   "changes math"):
+        table.add_column(column)
+    for rank, candidate in enumerate(result.ranked, 1):
+        table.add_row(str(rank), f"{candidate.memory_bytes / GIB:.1f}", _number(candidate.step_s, ".3g"),
+                      _number(candidate.tokens_per_s, ",.0f"),
+                      "-" if candidate.mfu is None else f"{candidate.mfu * 100:.0f} %",
+                      ", ".join(candidate.changes_math) or "no")
+    console.print(table)
+    for rank, (candidate, path) in enumerate(zip(result.ranked, paths), 1):
+        exact = "exact estimate" if candidate.exact else "composed"
+        console.print(f"{rank}: {train_flags(candidate.plan, report.model)}  ({exact}"
+                      + (f"; plan file {path})" if path else ")"), soft_wrap=True)
+    if not result.timed:
+        console.print("ranked without a time prediction (no step-time model or device profile for this device): "
+                      "largest micro-batch first, then without recomputation, not eager attention, least memory")
+    for _, _, line in report.why_lost:
+        console.print(f"why not {line}", soft_wrap=True)
+    for note in (*report.space.notes, *result.notes):
+        console.print(f"note: {note}")
+
+
+def candidate_json(candidate, model: str, path: str | None) -> dict:
+    nan_free = {k: (None if isinstance(v, float) and math.isnan(v) else v)
+                for k, v in (("step_s", candidate.step_s), ("tokens_per_s", candidate.tokens_per_s),
+                             ("samples_per_s", candidate.samples_per_s))}
+    return {"plan": candidate.plan.to_dict(), "memory_bytes": candidate.memory_bytes, **nan_free,
+            "mfu": candidate.mfu, "breakdown": candidate.breakdown, "exact": candidate.exact,
+            "source": "predicted", "changes_math": list(candidate.changes_math),
+            "flags": train_flags(candidate.plan, model), "plan_file": path}
+
+
+def plan_json(report, paths: list[str | None], emitted) -> dict:
+    result = report.result
+    data = {"model": report.model, "device": report.device.name, "capacity_bytes": report.capacity_bytes,
+            "usable_bytes": result.usable_bytes, "memory_margin": report.margin,
+            "global_batch": report.space.global_batch, "allow": sorted(report.space.allow),
+            "fixed": sorted(report.space.fixed), "ranked_by": "tokens_per_s" if result.timed else "micro_batch",
+            "screened": len(result.screened), "estimates": result.evaluations, "search_s": report.seconds,
+            "plans": [candidate_json(c, report.model, p) for c, p in zip(result.ranked, paths)],
+            "alternatives": [{"technique": knob, "line": line, **candidate_json(c, report.model, None)}
+                             for knob, c, line in report.why_lost],
+            "notes": [*report.space.notes, *result.notes]}
+    if emitted:
+        data["emit"] = {"text": emitted[0], "cannot_express": emitted[1]}
+    return data

@@ -1,0 +1,138 @@
+"""A chosen plan written for another launcher: Transformers TrainingArguments (JSON), an
+accelerate config (YAML), a DeepSpeed config (JSON), or a torchrun command line of
+`trainwise train`. Each target also names the knobs it cannot express, so nothing is
+dropped silently."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import yaml
+
+from trainwise.plan.plan import Plan
+
+TARGETS = ("trainer", "accelerate", "deepspeed", "torchrun")
+# How the Trainer spells trainwise's optimizers (TrainingArguments.optim).
+TRAINER_OPTIM = {"adamw": "adamw_torch", "adamw-fused": "adamw_torch_fused", "adafactor": "adafactor",
+                 "adamw-8bit": "adamw_bnb_8bit", "sgd": "sgd"}
+TRAINER_SCHEDULE = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}
+
+
+def emit(plan: Plan, target: str, model: str) -> tuple[str, list[str]]:
+    """(the text for `target`, the knobs of `plan` it cannot express, one phrase each)."""
+    writer = {"trainer": trainer_arguments, "accelerate": accelerate_config, "deepspeed": deepspeed_config,
+              "torchrun": torchrun_command}[target]
+    return writer(plan, model)
+
+
+def train_flags(plan: Plan, model: str) -> str:
+    """`trainwise train MODEL --flag value ...`: the batch shape, then the knobs that differ
+    from the defaults (the device is left out: train runs on the GPU that is there)."""
+    parts = ["trainwise", "train", model]
+    shown = {"batch_size": plan.batch_size, "grad_accum": plan.grad_accum, **plan.changed_knobs()}
+    for name, value in shown.items():
+        if name == "device":
+            continue
+        flag = "--" + name.replace("_", "-")
+        parts += [flag] if value is True else [flag, str(value)]
+    return shlex.join(parts)
+
+
+def _model_side(plan: Plan) -> list[str]:
+    """Knobs that live on the model or the data, not in any launcher's config."""
+    missing = [f"attention {plan.attention}: pass attn_implementation={plan.attention!r} to from_pretrained",
+               f"seq_len {plan.seq_len}: set the tokenizer's max_length / packing to {plan.seq_len} tokens"]
+    if plan.lora:
+        missing.append(f"LoRA rank {plan.lora_rank}: wrap the model with a peft LoraConfig(r={plan.lora_rank}, "
+                       f"lora_alpha={plan.lora_alpha})")
+    if plan.precision == "bf16-pure":
+        missing.append("bf16-pure: load the model with torch_dtype=torch.bfloat16 (no fp32 master weights)")
+    return missing
+
+
+def _parallel_missing(plan: Plan, target: str) -> list[str]:
+    missing = []
+    if plan.tp > 1:
+        missing.append(f"tensor parallel {plan.tp}" + (" with sequence parallel" if plan.sequence_parallel else "")
+                       + f": {target} has no tensor parallel here")
+    if plan.pp > 1:
+        missing.append(f"pipeline parallel {plan.pp} ({plan.pp_schedule}): {target} has no pipeline parallel here")
+    return missing
+
+
+def trainer_arguments(plan: Plan, model: str) -> tuple[str, list[str]]:
+    """TrainingArguments keyword arguments as JSON."""
+    args = {"per_device_train_batch_size": plan.batch_size, "gradient_accumulation_steps": plan.grad_accum,
+            "learning_rate": plan.lr, "weight_decay": plan.weight_decay, "warmup_steps": plan.warmup_steps,
+            "lr_scheduler_type": TRAINER_SCHEDULE[plan.lr_schedule], "max_grad_norm": plan.max_grad_norm,
+            "optim": TRAINER_OPTIM[plan.optim], "bf16": plan.precision == "bf16", "fp16": plan.precision == "fp16",
+            "tf32": plan.precision == "tf32", "gradient_checkpointing": plan.grad_ckpt,
+            "torch_compile": plan.compile, "dataloader_num_workers": plan.workers,
+            "dataloader_pin_memory": plan.pin_memory}
+    if plan.compile:
+        args["torch_compile_mode"] = plan.compile_mode
+    if plan.zero in (2, 3):
+        args["fsdp"] = ("full_shard" if plan.zero == 3 else "shard_grad_op") + (" offload" if plan.cpu_offload else "")
+    elif plan.zero == 1:
+        args["deepspeed"] = json.loads(deepspeed_config(plan, model)[0])
+    return json.dumps(args, indent=2), _model_side(plan) + _parallel_missing(plan, "the Trainer")
+
+
+def accelerate_config(plan: Plan, model: str) -> tuple[str, list[str]]:
+    """An `accelerate launch --config_file` YAML."""
+    processes = max(plan.nproc, plan.dp * plan.fsdp * plan.tp * plan.pp)
+    mixed = {"bf16": "bf16", "fp16": "fp16"}.get(plan.precision, "no")
+    config = {"compute_environment": "LOCAL_MACHINE", "machine_rank": 0, "num_machines": 1,
+              "num_processes": processes, "mixed_precision": mixed,
+              "distributed_type": "NO" if processes == 1 else "MULTI_GPU"}
+    if plan.zero in (2, 3):
+        config["distributed_type"] = "FSDP"
+        config["fsdp_config"] = {"fsdp_sharding_strategy": "FULL_SHARD" if plan.zero == 3 else "SHARD_GRAD_OP",
+                                 "fsdp_offload_params": plan.cpu_offload,
+                                 "fsdp_activation_checkpointing": plan.grad_ckpt}
+    elif plan.zero == 1:
+        config["distributed_type"] = "DEEPSPEED"
+        config["deepspeed_config"] = {"zero_stage": 1, "gradient_accumulation_steps": plan.grad_accum}
+    if plan.compile:
+        config["dynamo_config"] = {"dynamo_backend": "INDUCTOR", "dynamo_mode": plan.compile_mode}
+    missing = [f"micro-batch {plan.batch_size}: set the DataLoader's batch_size",
+               f"accumulation {plan.grad_accum}: Accelerator(gradient_accumulation_steps={plan.grad_accum})",
+               f"optimizer {plan.optim} (lr {plan.lr}, weight decay {plan.weight_decay}): built in your script"]
+    if plan.grad_ckpt and plan.zero not in (2, 3):
+        missing.append("grad checkpointing: model.gradient_checkpointing_enable()")
+    if plan.precision == "tf32":
+        missing.append("tf32: torch.backends.cuda.matmul.allow_tf32 = True")
+    return yaml.safe_dump(config, sort_keys=False), missing + _model_side(plan) + _parallel_missing(plan, "accelerate")
+
+
+def deepspeed_config(plan: Plan, model: str) -> tuple[str, list[str]]:
+    """A DeepSpeed config (JSON); plain data parallel is ZeRO stage 0."""
+    replicas = plan.dp * plan.fsdp
+    zero = {"stage": plan.zero or 0}
+    if plan.cpu_offload:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if plan.zero == 3:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    config = {"train_micro_batch_size_per_gpu": plan.batch_size, "gradient_accumulation_steps": plan.grad_accum,
+              "train_batch_size": plan.batch_size * plan.grad_accum * replicas,
+              "gradient_clipping": plan.max_grad_norm, "bf16": {"enabled": plan.precision in ("bf16", "bf16-pure")},
+              "fp16": {"enabled": plan.precision == "fp16"}, "zero_optimization": zero}
+    if plan.optim in ("adamw", "adamw-fused"):
+        config["optimizer"] = {"type": "AdamW", "params": {"lr": plan.lr, "weight_decay": plan.weight_decay}}
+    missing = [f"learning-rate schedule {plan.lr_schedule} with {plan.warmup_steps} warm-up steps: give DeepSpeed "
+               "a scheduler with your run's total steps"]
+    if plan.optim not in ("adamw", "adamw-fused"):
+        missing.append(f"optimizer {plan.optim}: build it in your script and pass it to deepspeed.initialize")
+    if plan.grad_ckpt:
+        missing.append("grad checkpointing: model.gradient_checkpointing_enable()")
+    if plan.compile:
+        missing.append("compile: torch.compile the engine's module in your script")
+    return json.dumps(config, indent=2), missing + _model_side(plan) + _parallel_missing(plan, "DeepSpeed")
+
+
+def torchrun_command(plan: Plan, model: str) -> tuple[str, list[str]]:
+    """`torchrun --standalone --nproc-per-node N -m trainwise train ...`: every knob."""
+    processes = max(plan.nproc, plan.dp * plan.fsdp * plan.tp * plan.pp)
+    flags = train_flags(plan, model).split(" ", 1)[1]  # drop the leading "trainwise"
+    return f"torchrun --standalone --nproc-per-node {processes} -m trainwise {flags}", []

@@ -1,0 +1,162 @@
+"""The search space: which value of each knob the search may try, and which the user fixed.
+
+A knob the user gave (a flag or a plan-file key) is held fixed: the space has that one value.
+Techniques that change the training math are tried only when the user allows them
+(`--allow`). Compile is never searched: its time effect is not predicted (the estimate traces
+the eager step), so the plan keeps whatever the user asked for and says so."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from trainwise.common.errors import InputError
+from trainwise.hardware import Device
+from trainwise.plan.plan import Plan
+
+# What `--allow` may name: the techniques that change the training math.
+ALLOWABLE = ("lora", "adamw-8bit", "adafactor", "bf16-pure", "fp16")
+LORA_RANK = 16
+# Without --global-batch, micro-batches are powers of two up to this (the fit filter cuts them).
+LARGEST_MICRO_BATCH = 1024
+# The knobs whose values change the traced step (memory and time are re-measured per value);
+# the micro-batch and accumulation are composed arithmetically from two traced sizes.
+TRACE_KNOBS = ("precision", "optim", "grad_ckpt", "attention", "lora_rank")
+
+
+@dataclass(frozen=True)
+class Space:
+    """Every value the search tries, per knob. `base` carries the fixed and untouched knobs;
+    `batches` is (micro-batch, accumulation) pairs; `data_parallel` the data-parallel degree
+    they were computed for; `notes` say what was not searched and why."""
+
+    base: Plan
+    fixed: frozenset[str]
+    allow: frozenset[str]
+    global_batch: int | None
+    data_parallel: int
+    batches: tuple[tuple[int, int], ...]
+    choices: dict[str, tuple]
+    notes: tuple[str, ...] = ()
+
+    def variants(self) -> list[dict]:
+        """Every combination of the trace knobs' values, as Plan changes."""
+        names = list(TRACE_KNOBS)
+        return [dict(zip(names, values)) for values in itertools.product(*(self.choices[n] for n in names))]
+
+
+def parse_allow(text: str | None) -> frozenset[str]:
+    """The techniques named by `--allow a,b`; InputError listing the allowed ones."""
+    if not text:
+        return frozenset()
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [name for name in names if name not in ALLOWABLE]
+    if unknown:
+        raise InputError("--allow", f"{', '.join(unknown)} is not a technique the search can allow; "
+                                    f"allowed: {', '.join(ALLOWABLE)}")
+    return frozenset(names)
+
+
+def math_changes(plan: Plan, device: Device) -> tuple[str, ...]:
+    """The techniques of `plan` that change the training math (for marking in tables and JSON)."""
+    changes = []
+    if plan.lora:
+        changes.append("lora")
+    if plan.optim in ("adamw-8bit", "adafactor"):
+        changes.append(plan.optim)
+    if plan.precision == "bf16-pure":
+        changes.append("bf16-pure")
+    if plan.precision == "fp16" and _has_bf16(device):
+        changes.append("fp16")
+    return tuple(changes)
+
+
+def build_space(base: Plan, fixed: frozenset[str], device: Device, allow: frozenset[str],
+                global_batch: int | None, data_parallel: int = 1, flash_refusal: str | None = "not checked",
+                attention_refusals: dict[str, str] | None = None) -> Space:
+    """The space for `base` on `device`. `flash_refusal`/`attention_refusals`: why a kernel
+    cannot run (from the model's attention rules), so it is left out with a note."""
+    notes = []
+    choices = {
+        "precision": _pick(base, fixed, "precision", _precisions(device, allow)),
+        "optim": _pick(base, fixed, "optim", _optimizers(device, allow)),
+        "grad_ckpt": _pick(base, fixed, "grad_ckpt", (False, True)),
+        "lora_rank": _pick(base, fixed, "lora_rank", (0, LORA_RANK) if "lora" in allow else (0,)),
+    }
+    kernels = ["sdpa", "eager"] + (["flash"] if flash_refusal is None else [])
+    for kernel, reason in (attention_refusals or {}).items():
+        if kernel in kernels and "attention" not in fixed:
+            kernels.remove(kernel)
+            notes.append(f"{kernel} attention not searched: {reason}")
+    if flash_refusal is not None and "attention" not in fixed:
+        notes.append(f"flash attention not searched: {flash_refusal}")
+    choices["attention"] = _pick(base, fixed, "attention", tuple(kernels))
+    if "compile" not in fixed:
+        notes.append("compile not searched: its effect on step time is not predicted (the estimate traces the "
+                     "eager step); add --compile to hold it on")
+    batches = batch_options(base, fixed, global_batch, data_parallel)
+    return Space(base=base, fixed=fixed, allow=allow, global_batch=global_batch, data_parallel=data_parallel,
+                 batches=batches, choices=choices, notes=tuple(notes))
+
+
+def batch_options(base: Plan, fixed: frozenset[str], global_batch: int | None,
+                  data_parallel: int) -> tuple[tuple[int, int], ...]:
+    """(micro-batch, accumulation) pairs; with a global batch, micro-batch x accumulation x
+    data-parallel degree equals it exactly. InputError naming the binding flag when none does."""
+    if global_batch is None:
+        accum = base.grad_accum
+        if "batch_size" in fixed:
+            return ((base.batch_size, accum),)
+        return tuple((2 ** k, accum) for k in range(LARGEST_MICRO_BATCH.bit_length()))
+    if global_batch % data_parallel:
+        raise InputError("--global-batch", f"{global_batch} is not divisible by the data-parallel degree "
+                                           f"{data_parallel}; closest: {_closest_multiples(global_batch, data_parallel)}")
+    per_replica = global_batch // data_parallel
+    pairs = [(mb, per_replica // mb) for mb in range(1, per_replica + 1) if per_replica % mb == 0]
+    if "batch_size" in fixed:
+        pairs = [p for p in pairs if p[0] == base.batch_size]
+        if not pairs:
+            raise InputError("--batch-size", f"{base.batch_size} x {data_parallel} data-parallel replicas does not "
+                                             f"divide --global-batch {global_batch}; closest: "
+                                             f"{_closest_multiples(global_batch, base.batch_size * data_parallel)}")
+    if "grad_accum" in fixed:
+        pairs = [p for p in pairs if p[1] == base.grad_accum]
+        if not pairs:
+            raise InputError("--grad-accum", f"{base.grad_accum} x {data_parallel} data-parallel replicas does not "
+                                             f"divide --global-batch {global_batch}; closest: "
+                                             f"{_closest_multiples(global_batch, base.grad_accum * data_parallel)}")
+    return tuple(pairs)
+
+
+def _closest_multiples(value: int, step: int) -> str:
+    lower = (value // step) * step
+    options = [v for v in (lower, lower + step) if v > 0]
+    return " or ".join(f"--global-batch {v}" for v in options)
+
+
+def _pick(base: Plan, fixed: frozenset[str], name: str, searched: tuple) -> tuple:
+    return (getattr(base, name),) if name in fixed else searched
+
+
+def _has_bf16(device: Device) -> bool:
+    return device.kind == "cpu" or (device.gpu is not None and device.gpu.supports_bf16)
+
+
+def _precisions(device: Device, allow: frozenset[str]) -> tuple[str, ...]:
+    """Mixed bf16 where the device has it (else fp16, the usual choice there), plus full
+    precision. fp32 is tried only where tf32 is missing: tf32 holds the same memory and is
+    never slower. fp16 where bf16 exists, and pure bf16, only when allowed."""
+    if device.kind == "cpu":
+        return ("bf16", "fp32") + (("bf16-pure",) if "bf16-pure" in allow else ())
+    gpu = device.gpu
+    if gpu is not None and gpu.supports_bf16:
+        extra = tuple(p for p in ("fp16", "bf16-pure") if p in allow)
+        return ("bf16", "tf32" if gpu.supports_tf32 else "fp32") + extra
+    return ("fp16", "fp32")
+
+
+def _optimizers(device: Device, allow: frozenset[str]) -> tuple[str, ...]:
+    extra = ["adafactor"] if "adafactor" in allow else []
+    if "adamw-8bit" in allow and device.kind == "cuda":
+        extra.append("adamw-8bit")
+    return ("adamw-fused", "adamw", *extra)

@@ -1,0 +1,83 @@
+"""One line per main alternative on why it lost to the winner, from the predictions' difference.
+
+An alternative is the best plan that differs from the winner in one technique (checkpointing,
+attention kernel, optimizer, precision, LoRA, or the layout); its line says that it does not
+fit (and by how much), or how much slower it is and which part of the step makes the
+difference."""
+
+from __future__ import annotations
+
+import math
+
+from trainwise.common.units import human_bytes
+from trainwise.planner.candidate import Candidate
+from trainwise.planner.search import fits, rank_key
+
+LAYOUT_KNOBS = ("dp", "fsdp", "zero", "cpu_offload", "tp", "sequence_parallel", "pp", "pp_schedule", "microbatches")
+
+
+def technique_of(knob: str, candidate: Candidate) -> str:
+    """How the alternative's technique reads in its line."""
+    plan = candidate.plan
+    if knob == "grad_ckpt":
+        return "grad checkpointing" if plan.grad_ckpt else "no grad checkpointing"
+    if knob == "attention":
+        return f"{plan.attention} attention"
+    if knob == "optim":
+        return f"optimizer {plan.optim}"
+    if knob == "precision":
+        return f"precision {plan.precision}"
+    if knob == "lora_rank":
+        return f"LoRA rank {plan.lora_rank}" if plan.lora else "no LoRA"
+    degrees = [f"{k} {getattr(plan, k)}" for k in LAYOUT_KNOBS if getattr(plan, k) not in (1, None, False)]
+    return "layout " + (", ".join(degrees) or "one device")
+
+
+def alternatives(winner: Candidate, screened: list[Candidate], usable: int | None, timed: bool,
+                 knobs: tuple[str, ...]) -> list[tuple[str, Candidate, str]]:
+    """(knob, the alternative, its line) for each knob with another value among `screened`."""
+    lines = []
+    for knob in knobs:
+        key = _layout_key if knob == "layout" else (lambda c, k=knob: getattr(c.plan, k))
+        others = [c for c in screened if key(c) != key(winner)]
+        if not others:
+            continue
+        fitting = [c for c in others if fits(c, usable)]
+        best = min(fitting, key=lambda c: rank_key(c, timed)) if fitting else min(others, key=lambda c: c.memory_bytes)
+        lines.append((knob, best, why_lost(winner, best, usable, timed, knob)))
+    return lines
+
+
+def why_lost(winner: Candidate, other: Candidate, usable: int | None, timed: bool, knob: str) -> str:
+    """'grad checkpointing: -24 % tokens/s (recompute +0.21 s per step), predicted'."""
+    label = technique_of(knob, other)
+    if not fits(other, usable):
+        return (f"{label}: does not fit: needs {human_bytes(other.memory_bytes)} of {human_bytes(usable)} usable "
+                f"(predicted)")
+    if not timed or math.isnan(other.tokens_per_s):
+        return (f"{label}: fits ({human_bytes(other.memory_bytes)}, predicted) but allows micro-batch "
+                f"{other.plan.batch_size} against {winner.plan.batch_size} (no time prediction)")
+    loss = 1 - other.tokens_per_s / winner.tokens_per_s
+    return f"{label}: {-loss * 100:+.0f} % tokens/s{_biggest_difference(winner, other)}, predicted"
+
+
+def _biggest_difference(winner: Candidate, other: Candidate) -> str:
+    """' (recompute +0.21 s per step)': the breakdown category that grew most, per sample
+    so that plans of different batch shapes compare."""
+    def per_sample(c: Candidate) -> dict[str, float]:
+        samples = c.plan.batch_size * c.plan.grad_accum
+        return {k: v / samples for k, v in c.breakdown.items()}
+    mine, theirs = per_sample(winner), per_sample(other)
+    growth = {k: theirs.get(k, 0.0) - mine.get(k, 0.0) for k in set(mine) | set(theirs)
+              if k != "communication_overlapped"}
+    if not growth:
+        return ""
+    name = max(growth, key=growth.get)
+    if growth[name] <= 0:
+        return ""
+    samples = other.plan.batch_size * other.plan.grad_accum
+    return f" ({name} +{growth[name] * samples:.3g} s per step)"
+
+
+def _layout_key(candidate: Candidate) -> tuple:
+    return tuple(getattr(candidate.plan, k) for k in LAYOUT_KNOBS)
