@@ -152,3 +152,15 @@ def test_a_bad_profile_file_is_refused_naming_the_flag(tmp_path, capsys, content
     assert code == 2 and len(err) == 1 and err[0].startswith("trainwise: error: --profile"), err
     fault_log(kind="bad input", case=f"estimate --profile <{'missing file' if content is None else content[:20]}>",
               exit_code=2, message=err[0].replace(str(tmp_path), "DIR"))
+
+
+def test_a_pipeline_layout_times_each_rank_from_its_own_trace():
+    """For now the layout's time is its slowest rank's compute, and says communication is
+    missing; each rank runs every chunk of the micro-batch through its half of the blocks."""
+    whole = estimate(_spec(4), _plan(batch_size=8), profile=PROFILE).time
+    piped = estimate(_spec(4), _plan(batch_size=8, nproc=2, pp=2, microbatches=4), profile=PROFILE)
+    ranks = [rank["compute_s"] for rank in piped.layout["pipeline_ranks"]]
+    assert piped.time.step_s == pytest.approx(max(ranks)) and len(ranks) == 2
+    assert any("communication not modelled yet" in note for note in piped.time.notes)
+    assert piped.time.samples_per_s == pytest.approx(8 / piped.time.step_s)
+    assert piped.time.breakdown["matmul"] < whole.breakdown["matmul"] < 2 * piped.time.breakdown["matmul"]

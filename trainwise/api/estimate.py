@@ -25,7 +25,8 @@ __all__ = ["EstimateResult", "estimate"]
 
 
 def estimate(model: str | ModelSpec, plan: Plan | None = None, *, task: str | None = None,
-             trust_remote_code: bool = False, profile: str | Path | DeviceProfile | None = None) -> EstimateResult:
+             trust_remote_code: bool = False,
+             profile: str | Path | DeviceProfile | None = None) -> EstimateResult:
     """Predict the memory of one training step of `model` under `plan` (bytes; on one
     device, or on rank 0 and each pipeline rank under a parallel layout), and its time
     (seconds, `result.time`) where a device profile is known: `profile` (a file written by

@@ -23,7 +23,8 @@ from trainwise.plan.plan import Plan
 from trainwise.trace.depth import block_count, with_blocks
 
 
-def layout_estimate(spec: ModelSpec, plan: Plan, device: Device, profile: DeviceProfile | None = None) -> EstimateResult:
+def layout_estimate(spec: ModelSpec, plan: Plan, device: Device,
+                    profile: DeviceProfile | None = None) -> EstimateResult:
     """Rank 0's estimate under the plan's layout, with every pipeline rank's peak beside it
     (trainwise/estimate/per_rank.py); the parameter counts stay the whole model's."""
     layout = resolve_layout(plan)

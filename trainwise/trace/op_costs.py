@@ -33,7 +33,6 @@ import functools
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count, shape_wrapper
 
 from trainwise.trace.flops_formulas import model_flop_formulas
@@ -55,9 +54,10 @@ ATTENTION_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_fla
                  "_efficient_attention_forward", "_efficient_attention_backward")
 MATMUL_OPS = ("mm", "bmm", "addmm", "baddbmm", "_scaled_mm", "convolution", "_convolution", "convolution_backward",
               "cudnn_convolution", "convolution_overrideable", "_slow_conv2d_forward", "_grouped_mm")
-# Ops with no kernel. Views are recognised from their schema (an output aliasing an input).
-NO_KERNEL_OPS = ("empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "detach", "alias",
-                 "lift_fresh", "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset")
+# Ops with no kernel. Views are recognised from their schema (an output aliasing an input);
+# `_unsafe_view` is a view whose schema does not say so.
+NO_KERNEL_OPS = ("_unsafe_view", "empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "detach",
+                 "alias", "lift_fresh", "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset")
 
 
 @dataclass
@@ -94,7 +94,7 @@ class OpCostRecorder:
 
     def record(self, func, args, kwargs, out, outputs: list[torch.Tensor], phase: str, module: str) -> None:
         op_class = classify(func)
-        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        inputs = _tensors(args, kwargs)
         if op_class == "elementwise" and module in self.norm_modules:
             op_class = "normalization"
         flops = read = written = 0
@@ -117,6 +117,18 @@ class OpCostRecorder:
             row[3] += written
 
 
+def _tensors(args: tuple, kwargs: dict | None) -> list[torch.Tensor]:
+    """The tensors among an op's arguments, one level of lists deep (foreach ops): aten
+    schemas nest no deeper, and this runs for every op (pytree's flattening is slower)."""
+    found = []
+    for value in (*args, *(kwargs or {}).values()):
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(v for v in value if isinstance(v, torch.Tensor))
+    return found
+
+
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
@@ -124,9 +136,14 @@ def _nbytes(tensor: torch.Tensor) -> int:
 def _dtype_name(tensors: list[torch.Tensor]) -> str:
     """The dtype an op computes in: its first floating-point tensor's, else its first's."""
     for tensor in tensors:
-        if tensor.is_floating_point():
-            return DTYPE_NAMES.get(tensor.dtype, str(tensor.dtype).removeprefix("torch."))
-    return str(tensors[0].dtype).removeprefix("torch.") if tensors else "none"
+        if tensor.dtype.is_floating_point:
+            return _short_name(tensor.dtype)
+    return _short_name(tensors[0].dtype) if tensors else "none"
+
+
+@functools.cache
+def _short_name(dtype: torch.dtype) -> str:
+    return DTYPE_NAMES.get(dtype) or str(dtype).removeprefix("torch.")
 
 
 @functools.cache
