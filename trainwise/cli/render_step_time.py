@@ -18,8 +18,10 @@ _LABELS = {"matmul": "matmul", "attention": "attention", "normalization": "norma
 def render_step_time(result: EstimateResult, console: Console) -> None:
     time = result.time
     if time is None:
-        console.print(f"predicted step time: none, no device profile for {result.device.name}: run trainwise "
-                      "calibrate on it (or pass --profile FILE)")
+        how = "run trainwise calibrate on it, or pass --profile FILE"
+        if result.device.kind == "cuda" and result.device.gpu is None:
+            how = "name a catalog GPU with --device, or " + how
+        console.print(f"predicted step time: none, no device profile for {result.device.name}: {how}")
         return
     source = "catalog figures" if time.source == "catalog" else f"profile {time.source}"
     table = Table(title=f"Predicted step time on {result.device.name} (seconds, predicted from the traced ops "
