@@ -7,6 +7,7 @@ The entry point checks the request, then hands it to the estimate itself: one de
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from trainwise.api.compatibility import check_estimate_support, check_request
 # The two routes, as names of this module: tests stub them to show that a refused request
@@ -14,7 +15,9 @@ from trainwise.api.compatibility import check_estimate_support, check_request
 from trainwise.estimate.layout_estimate import layout_estimate as _per_rank
 from trainwise.estimate.predict import one_device_estimate as _one_device
 from trainwise.estimate.result import EstimateResult
-from trainwise.hardware import resolve_device
+from trainwise.common.errors import InputError
+from trainwise.hardware import Device, resolve_device
+from trainwise.hardware.profile import DeviceProfile, profile_for
 from trainwise.models import ModelSpec, check_seq_len, resolve_model
 from trainwise.plan.plan import Plan
 
@@ -22,9 +25,13 @@ __all__ = ["EstimateResult", "estimate"]
 
 
 def estimate(model: str | ModelSpec, plan: Plan | None = None, *, task: str | None = None,
-             trust_remote_code: bool = False) -> EstimateResult:
+             trust_remote_code: bool = False,
+             profile: str | Path | DeviceProfile | None = None) -> EstimateResult:
     """Predict the memory of one training step of `model` under `plan` (bytes; on one
-    device, or on rank 0 and each pipeline rank under a parallel layout).
+    device, or on rank 0 and each pipeline rank under a parallel layout), and its time
+    (seconds, `result.time`) where a device profile is known: `profile` (a file written by
+    `trainwise calibrate`, or a DeviceProfile), else the cached calibration of the
+    device, else the catalog's figures for a catalog GPU, else no time.
 
     `model` is a catalog name, a local Hugging Face directory, `package.module:function` or
     a resolved ModelSpec. Nothing is allocated: the model is built on the meta device and
@@ -35,6 +42,17 @@ def estimate(model: str | ModelSpec, plan: Plan | None = None, *, task: str | No
     plan, picked = check_request(plan, device, spec, here=False)
     check_estimate_support(plan)
     check_seq_len(spec, plan.seq_len)
+    rates = _device_profile(device, profile)
     per_rank = plan.is_distributed or plan.cpu_offload
-    result = _per_rank(spec, plan, device) if per_rank else _one_device(spec, plan, device)
+    result = _per_rank(spec, plan, device, rates) if per_rank else _one_device(spec, plan, device, profile=rates)
     return dataclasses.replace(result, notes=(*picked, *result.notes)) if picked else result
+
+
+def _device_profile(device: Device, profile: str | Path | DeviceProfile | None) -> DeviceProfile | None:
+    """The profile the time prediction uses (trainwise/hardware/profile.py:profile_for)."""
+    if not isinstance(profile, DeviceProfile):
+        return profile_for(device, profile)
+    if profile.kind != device.kind:
+        raise InputError("profile", f"a {profile.kind} profile ({profile.device_name}) cannot time the "
+                                    f"{device.kind} device {device.name}")
+    return profile

@@ -6,7 +6,7 @@ from trainwise.cli.flags import add_auto_batch_flags, add_knob_flags, plan_from_
 
 
 def register(commands) -> None:
-    parser = commands.add_parser("estimate", help="predict the memory of one training step (no GPU needed)",
+    parser = commands.add_parser("estimate", help="predict the memory and time of one training step (no GPU needed)",
                                  description="Predict the memory anatomy of one training step of MODEL, "
                                              "by tracing the real step on fake tensors.")
     parser.add_argument("model", metavar="MODEL",
@@ -15,6 +15,9 @@ def register(commands) -> None:
     parser.add_argument("--task", default=None, help="causal-lm, seq-cls, seq2seq or masked-lm (default: the model's usual)")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="allow a local model directory's own Python code to run (off by default)")
+    parser.add_argument("--profile", metavar="FILE", default=None,
+                        help="device profile for the step time (written by trainwise calibrate; default: the "
+                             "cached calibration of the device, else the catalog's figures for a catalog GPU)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--by-module", action="store_true", help="also show which modules hold the activations")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -29,7 +32,6 @@ def run(args) -> int:
     from trainwise.api import estimate
     from trainwise.cli.output import print_json
     from trainwise.cli.render_estimate import render_estimate
-
     from trainwise.cli.train_auto import resolve_auto, take_auto_request
 
     auto = take_auto_request(args)
@@ -38,7 +40,8 @@ def run(args) -> int:
         raise InputError("--plan", "auto is for `trainwise train`; to search plans use `trainwise plan`")
     plan = plan_from_args(args)
     plan = resolve_auto(auto, plan, args.model, plan.device, args.task, args.trust_remote_code)
-    result = estimate(args.model, plan, task=args.task, trust_remote_code=args.trust_remote_code)
+    result = estimate(args.model, plan, task=args.task, trust_remote_code=args.trust_remote_code,
+                      profile=args.profile)
     if args.json:
         data = result.to_json()
         if args.by_module:

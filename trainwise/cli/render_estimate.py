@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trainwise.api.estimate import EstimateResult
+from trainwise.cli.render_step_time import render_step_time
 from trainwise.common.units import human_bytes, human_count
 
 # (key in MemoryEstimate, label, where the number comes from)
@@ -55,6 +56,7 @@ def render_estimate(result: EstimateResult, console: Console, by_module: bool = 
     if result.layout and len(result.layout["pipeline_ranks"]) > 1:
         console.print(_pipeline_table(result))
     console.print(_fit_line(result))
+    render_step_time(result, console)
     for note in result.notes:
         console.print(f"note: {note}")
     if by_module:

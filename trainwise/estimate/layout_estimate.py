@@ -13,6 +13,8 @@ from trainwise.estimate.per_rank import (RankModel, headless_workload, rank_conf
                                          rank_reshape, rank_views)
 from trainwise.estimate.predict import extrapolate_count, one_device_estimate
 from trainwise.estimate.result import EstimateResult
+from trainwise.estimate.step_time import StepTime
+from trainwise.hardware.profile import DeviceProfile
 from trainwise.hardware import Device
 from trainwise.models import ModelSpec, build_model_with_notes, count_parameters
 from trainwise.models.families.checks import check_model_layout
@@ -21,21 +23,23 @@ from trainwise.plan.plan import Plan
 from trainwise.trace.depth import block_count, with_blocks
 
 
-def layout_estimate(spec: ModelSpec, plan: Plan, device: Device) -> EstimateResult:
+def layout_estimate(spec: ModelSpec, plan: Plan, device: Device,
+                    profile: DeviceProfile | None = None) -> EstimateResult:
     """Rank 0's estimate under the plan's layout, with every pipeline rank's peak beside it
     (trainwise/estimate/per_rank.py); the parameter counts stay the whole model's."""
     layout = resolve_layout(plan)
     check_model_layout(spec.config, plan, layout)
     traced: dict[tuple, EstimateResult] = {}
     reshape = rank_reshape(spec.config, layout)
-    ranks, first = [], None
+    ranks, rank_times, first = [], [], None
     for view in rank_views(spec.config, plan, layout):
         config = rank_config(spec.config, layout, view.blocks)
         key = (view.blocks, view.has_head)
         if key not in traced:
             workload, workload_reshape = (config, reshape) if view.has_head else headless_workload(config, reshape)
             workload_spec = dataclasses.replace(spec, config=workload, vocab_size=workload.vocab_size)
-            traced[key] = one_device_estimate(workload_spec, rank_plan(plan, layout), device, workload_reshape)
+            traced[key] = one_device_estimate(workload_spec, rank_plan(plan, layout), device, workload_reshape,
+                                              profile, chunks=layout.microbatches)
         single = traced[key]
 
         def build(blocks: int | None, config=config):
@@ -48,13 +52,30 @@ def layout_estimate(spec: ModelSpec, plan: Plan, device: Device) -> EstimateResu
 
         memory, details = rank_memory(single.memory, single.activations_by_module,
                                       RankModel(config, build, spec.task), plan, layout, view, device.kind)
-        ranks.append({**details, "peak_allocated": memory.peak_allocated, "device_total": memory.device_total})
+        ranks.append({**details, "peak_allocated": memory.peak_allocated, "device_total": memory.device_total,
+                      "compute_s": single.time.step_s if single.time else None})
+        rank_times.append(single.time)
         first = first or (memory, single)
     memory, single = first
     notes = (*single.notes, "memory is rank 0's: its pipeline stage, data-parallel shard and tensor-parallel slice")
     full = _counts(spec, plan, device)
     return dataclasses.replace(single, model=spec.name, plan=plan, memory=memory, params=full[0],
-                               trainable_params=full[1], notes=notes, layout=_summary(layout, ranks))
+                               trainable_params=full[1], notes=notes, layout=_summary(layout, ranks),
+                               time=layout_step_time(plan, layout, rank_times, profile))
+
+
+def layout_step_time(plan: Plan, layout: Layout, rank_times: list[StepTime | None],
+                     profile: DeviceProfile | None) -> StepTime | None:
+    """The step time under a layout: where communication, the pipeline bubble and offload
+    transfers join each pipeline rank's compute (`rank_times`, from its own trace).
+
+    For now the slowest rank's compute alone, saying so: those terms are not modelled yet."""
+    known = [t for t in rank_times if t is not None]
+    if profile is None or not known:
+        return None
+    slowest = max(known, key=lambda t: t.step_s)
+    return dataclasses.replace(slowest, notes=(*slowest.notes, "the slowest pipeline rank's compute only: "
+                                               "communication not modelled yet"))
 
 
 def _summary(layout: Layout, ranks: list[dict]) -> dict:

@@ -15,16 +15,20 @@ from trainwise.estimate.extrapolate import (CannotSynthesize, extrapolate_datacl
                                              same_timeline, synthesize_trace)
 from trainwise.estimate.memory import MemoryEstimate, memory_from_trace
 from trainwise.estimate.result import EstimateResult
+from trainwise.estimate.step_time import predict_step_time
 from trainwise.hardware import Device
+from trainwise.hardware.profile import DeviceProfile
 from trainwise.models import ModelSpec, build_model_with_notes, example_batch
 from trainwise.plan.plan import Plan
 from trainwise.trace.depth import TRACED_BLOCKS, block_count, should_extrapolate, with_blocks
 from trainwise.trace.step_trace import StepTrace, trace_training_step
 
 
-def one_device_estimate(spec: ModelSpec, plan: Plan, device: Device, reshape=None) -> EstimateResult:
+def one_device_estimate(spec: ModelSpec, plan: Plan, device: Device, reshape=None,
+                        profile: DeviceProfile | None = None, chunks: int = 1) -> EstimateResult:
     """The traced one-device estimate; `reshape` changes each built model first (the
-    per-rank estimate's tensor-parallel shapes)."""
+    per-rank estimate's tensor-parallel shapes). With a `profile`, also the step time
+    (trainwise/estimate/step_time.py; `chunks`: traced passes per micro-step)."""
     blocks = block_count(spec.config)
     if should_extrapolate(blocks):
         small_n, large_n = TRACED_BLOCKS
@@ -39,13 +43,15 @@ def one_device_estimate(spec: ModelSpec, plan: Plan, device: Device, reshape=Non
         params = extrapolate_count(small[0].params, large[0].params, small_n, large_n, blocks)
         trainable = extrapolate_count(small[0].trainable_params, large[0].trainable_params, small_n, large_n, blocks)
         trace, notes, traced = large[0], large[2], (small_n, large_n)
+        time = predict_step_time([small[0], large[0]], traced, blocks, plan, device, profile, spec.name, chunks)
     else:
         trace, memory, notes = _trace(spec, plan, device, reshape)
         params, trainable, traced, extrapolation = trace.params, trace.trainable_params, None, None
+        time = predict_step_time([trace], None, blocks, plan, device, profile, spec.name, chunks)
     return EstimateResult(model=spec.name, task=spec.task, params=params, trainable_params=trainable,
                           device=device, plan=plan, memory=memory,
                           activations_by_module=_activations_by_module(trace), traced_blocks=traced,
-                          total_blocks=blocks, notes=tuple(notes), extrapolation=extrapolation)
+                          total_blocks=blocks, notes=tuple(notes), extrapolation=extrapolation, time=time)
 
 
 def extrapolate_count(small: int, large: int, small_n: int, large_n: int, target: int) -> int:

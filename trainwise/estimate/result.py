@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainwise.estimate.memory import MemoryEstimate
+from trainwise.estimate.step_time import StepTime
 from trainwise.hardware import Device
 from trainwise.plan.plan import Plan
 
@@ -31,6 +32,9 @@ class EstimateResult:
     # Under a parallel layout: the degrees, and every pipeline rank's figures (`memory` is
     # rank 0's); None on one device.
     layout: dict | None = None
+    # The predicted step time (trainwise/estimate/step_time.py); None without a device
+    # profile (the CPU before `trainwise calibrate`, a GPU the catalog lacks).
+    time: StepTime | None = None
 
     @property
     def fits(self) -> bool | None:
@@ -51,4 +55,11 @@ class EstimateResult:
                     f" ({self.traced_blocks[0]} and {self.traced_blocks[1]} of {self.total_blocks} blocks, extrapolated"
                     f" by {'repeating blocks' if self.extrapolation == 'repeated' else 'a line'})"
                     if self.traced_blocks else ""),
-                "notes": list(self.notes)}
+                "time": self._time_json(), "notes": list(self.notes)}
+
+    def _time_json(self) -> dict | None:
+        if self.time is None:
+            return None
+        source = "catalog figures" if self.time.source == "catalog" else f"the profile {self.time.source}"
+        method = f"predicted: the traced step's ops at the rates of {source} for {self.device.name}"
+        return {**self.time.to_json(), "method": method}

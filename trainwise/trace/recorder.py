@@ -55,6 +55,7 @@ class AllocationRecorder(TorchDispatchMode):
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._on_save, _identity)
         self._existence_answers: weakref.WeakSet = weakref.WeakSet()
         self._recording = False
+        self.costs = None  # an OpCostRecorder (op_costs.py), fed every op after setup
 
     def bool_read_answer(self, tensor: torch.Tensor) -> bool:
         """A fake boolean has no value, but model code branches on some. The batch a trace
@@ -73,6 +74,8 @@ class AllocationRecorder(TorchDispatchMode):
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         if func.overloadpacket in _EXISTENCE_QUESTIONS:
             self._existence_answers.update(outputs)
+        if self.costs is not None and self.phase != "setup":
+            self.costs.record(func, args, kwargs, out, outputs, self.phase, self.scope.current)
         block = self._current_block()
         if block == NO_BLOCK and self.phase in _OWNED_BY_INPUTS and outputs:
             owners = self._owners_from_inputs(func, args, kwargs, outputs)

@@ -18,6 +18,7 @@ from trainwise.trace.cuda_kernels import cuda_kernel_choices
 from trainwise.trace.fake_model import materialize_fake
 from trainwise.trace.module_scope import ModuleScope
 from trainwise.trace.moe_kernels import traceable_experts
+from trainwise.trace.op_costs import OpCostRecorder, OpCosts
 from trainwise.trace.recorder import AllocationRecorder, StorageRecord
 from trainwise.trace.untraced_transformers import fake_tensors_are_not_tracing
 
@@ -47,6 +48,8 @@ class StepTrace:
     target_device_type: str
     event_blocks: list[int] = field(default_factory=list)
     blocks: list[tuple[str, int]] = field(default_factory=list)
+    # Every op's work after setup, summed by kind (trainwise/trace/op_costs.py).
+    op_costs: OpCosts = field(default_factory=OpCosts)
 
 
 def trace_training_step(model: nn.Module, batch_fn, plan: Plan, target_device_type: str,
@@ -65,6 +68,7 @@ def trace_training_step(model: nn.Module, batch_fn, plan: Plan, target_device_ty
     scope = ModuleScope(model)
     blocks = BlockTracker(model)
     recorder = AllocationRecorder(scope, blocks)
+    recorder.costs = OpCostRecorder(model)
     with traceable_experts(), fake_tensors_are_not_tracing(), cuda_kernel_choices(target_device_type), \
             FakeTensorMode(allow_non_fake_inputs=False), scope, blocks, recorder:
         materialize_fake(model, "cpu")
@@ -84,7 +88,7 @@ def trace_training_step(model: nn.Module, batch_fn, plan: Plan, target_device_ty
                                  target_device_type)
         _categorise(model, optimizer, recorder)
     return StepTrace(recorder.events, recorder.records, window_start, phase_starts, params, trainable,
-                     micro_steps, target_device_type, recorder.event_blocks, blocks.blocks)
+                     micro_steps, target_device_type, recorder.event_blocks, blocks.blocks, recorder.costs.costs)
 
 
 def traced_optimizer(plan: Plan, model: nn.Module, target_device_type: str) -> torch.optim.Optimizer:
@@ -121,7 +125,8 @@ def _run_step(model, optimizer, batch_fn, plan: Plan, policy: PrecisionPolicy, r
     # CUDA's cast policy must stay installed through backward too.
     cuda_policy = target_device_type == "cuda" and policy.autocast_dtype is not None
     with cuda_autocast_kernels() if cuda_policy else contextlib.nullcontext():
-        for _ in range(micro_steps):
+        for micro_step in range(micro_steps):
+            recorder.costs.micro_step = micro_step
             enter("data")
             batch = batch_fn()
             enter("forward")

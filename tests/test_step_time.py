@@ -1,0 +1,166 @@
+"""The step-time model: the traced step's ops, summed by kind, at a device profile's rates.
+
+The op table comes from the memory trace itself (trainwise/trace/op_costs.py); the time
+model (trainwise/estimate/step_time.py) prices it. These tests pin what the table counts
+(model FLOPs, recomputation), how the time scales (accumulation, depth), how host time
+combines with compute on the CPU and on CUDA, and what `estimate` shows."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from trainwise.api import estimate
+from trainwise.cli.main import main
+from trainwise.estimate.predict import _trace
+from trainwise.estimate.step_time import CATEGORIES, OFF_CRITICAL_PATH, predict_step_time, step_breakdown
+from trainwise.hardware import resolve_device
+from trainwise.hardware.profile import DeviceProfile, Rate
+from trainwise.models import build_model_with_notes, example_batch, resolve_model
+from trainwise.plan.plan import Plan
+from trainwise.trace.depth import with_blocks
+from trainwise.trace.flops import count_training_flops
+from trainwise.trace.op_costs import OpCosts
+
+CPU = resolve_device("cpu")
+# A made-up CPU: 10 GFLOP/s matmuls, 1 GB/s memory, 10 us to dispatch an op.
+PROFILE = DeviceProfile("cpu", "cpu", "test", {"fp32": Rate(1e10, 1e-6)}, {}, Rate(1e9, 1e-6), 1e-5)
+COMPUTE = ("matmul", "attention", "normalization", "elementwise")
+
+
+def _plan(**knobs) -> Plan:
+    return Plan(**{"device": "cpu", "batch_size": 2, "seq_len": 32, **knobs})
+
+
+def _spec(blocks: int | None = None, name: str = "tiny-llama"):
+    spec = resolve_model(name)
+    return spec if blocks is None else dataclasses.replace(spec, config=with_blocks(spec.config, blocks))
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_model_flops_of_the_op_table_equal_the_flop_count(attention):
+    """Without checkpointing, the matmuls the table saw in forward and backward (plus
+    attention as the model counts it) are trainwise/trace/flops.py's model FLOPs."""
+    from trainwise.estimate.step_time import _model_flops
+
+    spec, plan = _spec(), _plan(attention=attention)
+    costs = _trace(spec, plan, CPU)[0].op_costs
+    model = build_model_with_notes(spec, "meta", attention=attention, batch_size=2, seq_len=32).model
+    counted = count_training_flops(model, lambda: example_batch(spec, 2, 32, device="cpu"), plan, spec.task,
+                                   extrapolate=False)
+    assert _model_flops(costs, {0: 1, 1: 0}) == counted.total
+    if attention == "eager":  # attention is matmuls too: every FLOP is in the matmul rows
+        assert costs.total(1, op_class="matmul", phase="forward") == counted.forward
+        assert costs.total(1, op_class="matmul", phase="backward") == counted.backward
+
+
+def test_recomputation_appears_only_with_checkpointing_and_is_one_forward_of_the_blocks():
+    """Checkpointing reruns each block's forward in backward, grad mode on (non-reentrant
+    checkpoint on fake tensors). PyTorch stops a block's recomputation once it has rebuilt
+    the last tensor backward needs (the block's final projection is not rerun), so the
+    recomputed FLOPs are most of the blocks' forward FLOPs, never more."""
+    plain = _trace(_spec(3), _plan(), CPU)[0].op_costs
+    assert plain.total(0, recomputed=True) == 0
+    forward = {n: _trace(_spec(n), _plan(grad_ckpt=True), CPU)[0].op_costs for n in (2, 3)}
+    per_block = (forward[3].total(1, phase="forward", op_class="matmul")
+                 - forward[2].total(1, phase="forward", op_class="matmul"))
+    recomputed = forward[3].total(1, recomputed=True, op_class="matmul")
+    assert per_block > 0 and 0.6 * 3 * per_block < recomputed <= 3 * per_block
+    assert forward[3].total(1, recomputed=True, op_class="attention") == forward[3].total(
+        1, phase="forward", op_class="attention")
+    assert forward[3].total(1, phase="forward") == plain.total(1, phase="forward")
+    assert estimate(_spec(3), _plan(grad_ckpt=True), profile=PROFILE).time.breakdown["recompute"] > 0
+
+
+def test_accumulation_scales_forward_and_backward_but_not_the_optimizer():
+    two, four = (estimate(_spec(), _plan(grad_accum=n), profile=PROFILE).time for n in (2, 4))
+    assert four.breakdown["matmul"] == pytest.approx(2 * two.breakdown["matmul"], rel=1e-9)
+    # The first micro-step makes the gradients, later ones add to them: nearly, not exactly, 2x.
+    assert four.breakdown["elementwise"] == pytest.approx(2 * two.breakdown["elementwise"], rel=0.1)
+    assert four.breakdown["optimizer"] == pytest.approx(two.breakdown["optimizer"], rel=1e-9)
+    assert four.samples_per_s == pytest.approx(4 * 2 / four.step_s)
+
+
+def test_time_extrapolated_from_two_and_three_blocks_equals_a_full_trace():
+    spec, plan = _spec(6), _plan()
+    extrapolated = estimate(spec, plan, profile=PROFILE)
+    assert extrapolated.traced_blocks == (2, 3)
+    full = predict_step_time([_trace(spec, plan, CPU)[0]], None, 6, plan, CPU, PROFILE, spec.name)
+    assert extrapolated.time.step_s == pytest.approx(full.step_s, rel=0.01)
+    for category in COMPUTE + ("optimizer", "host_overhead"):
+        assert extrapolated.time.breakdown[category] == pytest.approx(full.breakdown[category], rel=0.01)
+
+
+def test_the_cpu_adds_host_time_and_cuda_hides_it_behind_the_gpu():
+    """One forward of 100 ops: 1 ms of device work, 100 x 20 us = 2 ms of host dispatch."""
+    costs = OpCosts({("forward", 0, "elementwise", "fp32", False): [100, 0, 500_000, 500_000]})
+    rates = dict(matmul={"fp32": Rate(1e12)}, attention={}, memory=Rate(1e9), host_s_per_op=20e-6)
+    cpu = step_breakdown(costs, {0: 1, 1: 0}, _plan(), DeviceProfile("cpu", "cpu", "test", **rates))
+    cuda = step_breakdown(costs, {0: 1, 1: 0}, _plan(), DeviceProfile("gpu", "cuda", "test", **rates))
+    assert cpu["elementwise"] == pytest.approx(1e-3) and cpu["host_overhead"] == pytest.approx(2e-3)
+    assert cuda["elementwise"] == pytest.approx(1e-3) and cuda["host_overhead"] == pytest.approx(1e-3)
+    slow_host_free = dataclasses.replace(DeviceProfile("gpu", "cuda", "test", **rates), host_s_per_op=1e-6)
+    assert step_breakdown(costs, {0: 1, 1: 0}, _plan(), slow_host_free)["host_overhead"] == 0.0
+
+
+def test_catalog_h100_estimate_has_a_plausible_mfu_and_a_breakdown_that_adds_up(capsys):
+    argv = ["estimate", "Llama-3.2-1B", "--device", "H100", "--precision", "bf16", "--batch-size", "8",
+            "--seq-len", "2048", "--grad-accum", "4", "--json"]
+    assert main(argv) == 0
+    time = json.loads(capsys.readouterr().out)["time"]
+    assert {"step_s", "tokens_per_s", "samples_per_s", "mfu", "source", "breakdown", "method"} <= set(time)
+    assert set(time["breakdown"]) == set(CATEGORIES) and time["source"] == "catalog"
+    assert 0.2 <= time["mfu"] <= 0.8
+    on_path = sum(s for name, s in time["breakdown"].items() if name not in OFF_CRITICAL_PATH)
+    assert on_path == pytest.approx(time["step_s"])
+    assert time["tokens_per_s"] == pytest.approx(8 * 4 * 2048 / time["step_s"])
+
+
+def test_a_profile_correction_multiplies_the_step_and_is_named():
+    corrected = dataclasses.replace(PROFILE, corrections={"step": 2.0, "step:tiny-llama": 1.5})
+    plain, scaled = (estimate(_spec(), _plan(), profile=p).time for p in (PROFILE, corrected))
+    assert scaled.step_s == pytest.approx(1.5 * plain.step_s) and scaled.correction == 1.5
+    assert any("'step:tiny-llama'" in note for note in scaled.notes)
+
+
+def test_no_time_on_the_cpu_without_a_profile(capsys):
+    assert main(["estimate", "tiny-llama", "--device", "cpu", "--seq-len", "16", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["time"] is None
+    assert main(["estimate", "tiny-llama", "--device", "cpu", "--seq-len", "16"]) == 0
+    assert "no device profile for cpu: run trainwise calibrate" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_profile_file_gives_the_table_its_time(tmp_path, capsys):
+    from trainwise.hardware.profile import write_profile
+
+    path = write_profile(PROFILE, tmp_path / "cpu.json")
+    assert main(["estimate", "tiny-llama", "--device", "cpu", "--seq-len", "16", "--profile", str(path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Predicted step time on cpu" in out and "one optimizer step" in out and "host/launch overhead" in out
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("content", [None, "{not json", json.dumps({"version": 1, "kind": "cpu"})])
+def test_a_bad_profile_file_is_refused_naming_the_flag(tmp_path, capsys, content, fault_log):
+    path = tmp_path / "profile.json"
+    if content is not None:
+        path.write_text(content)
+    code = main(["estimate", "tiny-llama", "--device", "cpu", "--seq-len", "16", "--profile", str(path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("trainwise: error: --profile"), err
+    fault_log(kind="bad input", case=f"estimate --profile <{'missing file' if content is None else content[:20]}>",
+              exit_code=2, message=err[0].replace(str(tmp_path), "DIR"))
+
+
+def test_a_pipeline_layout_times_each_rank_from_its_own_trace():
+    """For now the layout's time is its slowest rank's compute, and says communication is
+    missing; each rank runs every chunk of the micro-batch through its half of the blocks."""
+    whole = estimate(_spec(4), _plan(batch_size=8), profile=PROFILE).time
+    piped = estimate(_spec(4), _plan(batch_size=8, nproc=2, pp=2, microbatches=4), profile=PROFILE)
+    ranks = [rank["compute_s"] for rank in piped.layout["pipeline_ranks"]]
+    assert piped.time.step_s == pytest.approx(max(ranks)) and len(ranks) == 2
+    assert any("communication not modelled yet" in note for note in piped.time.notes)
+    assert piped.time.samples_per_s == pytest.approx(8 / piped.time.step_s)
+    assert piped.time.breakdown["matmul"] < whole.breakdown["matmul"] < 2 * piped.time.breakdown["matmul"]

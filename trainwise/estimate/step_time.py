@@ -1,0 +1,192 @@
+"""The predicted time of one optimizer step, from the traced step's ops and a device profile.
+
+The memory trace also sums every op's work by kind (trainwise/trace/op_costs.py): ops,
+FLOPs and bytes per (phase, micro-step, op class, dtype, recomputed?). Each kind meets one
+rate of the device profile (trainwise/hardware/profile.py), an op of size x taking
+`fixed_s + x / per_s`: matmuls and attention on their FLOPs at the dtype's rate, every
+other op on the bytes it reads and writes at the memory rate. The host dispatches each op
+(`host_s_per_op`; views and other kernel-less ops a quarter of that).
+
+* On the CPU, host and compute run on the same cores one after the other: the step is
+  their sum.
+* On CUDA the host queues kernels ahead of the GPU, so a phase takes the longer of its GPU
+  work and its host work; the host's excess over the GPU is "host_overhead".
+
+A deep model's sums are read at full depth on the line through the 2- and 3-block traces
+(the work is the same in every block), as memory and FLOPs are. The trace runs at most two
+micro-steps; the second stands for every later one, and the optimizer runs once. See
+docs/plan.md, "The step-time model", for what this ignores."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from trainwise.hardware import Device
+from trainwise.hardware.profile import DeviceProfile, Rate
+from trainwise.plan.plan import Plan
+from trainwise.trace.depth import extrapolate_int
+from trainwise.trace.op_costs import OpCosts
+from trainwise.trace.step_trace import StepTrace
+
+CATEGORIES = ("matmul", "attention", "normalization", "elementwise", "optimizer", "recompute", "host_overhead",
+              "data", "communication_exposed", "communication_overlapped", "pipeline_bubble", "offload")
+# Not on the critical path: shown for information, not part of step_s.
+OFF_CRITICAL_PATH = ("communication_overlapped",)
+# Host time of a kernel-less op (a view) next to an op that launches a kernel: 1.7 us vs
+# 6.6 us for a view and an add of an 8x8 tensor, eager, on this project's 2-core CPU.
+METADATA_HOST_SHARE = 0.25
+# The catalog peak (and matmul rate) each precision's matmuls run at.
+COMPUTE_DTYPE = {"fp32": "fp32", "tf32": "tf32", "fp16": "fp16", "bf16": "bf16", "bf16-pure": "bf16"}
+# Phases whose device work the host can run ahead of, on CUDA (recomputation is backward's).
+OVERLAP_GROUPS = {"forward": "forward", "backward": "backward", "optimizer": "optimizer", "zero_grad": "optimizer"}
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Predicted seconds of one optimizer step (all micro-steps and the optimizer) on one
+    device or rank. Rates per second are this rank's (a data-parallel run multiplies)."""
+
+    step_s: float
+    tokens_per_s: float
+    samples_per_s: float
+    mfu: float | None  # model FLOPs / step_s / the catalog peak of the plan's dtype
+    source: str  # "catalog" or the profile file
+    breakdown: dict[str, float]  # seconds per CATEGORIES entry
+    correction: float | None = None  # the measured/predicted factor applied, if any
+    notes: tuple[str, ...] = field(default=())
+
+    def to_json(self) -> dict:
+        return {"step_s": self.step_s, "tokens_per_s": self.tokens_per_s, "samples_per_s": self.samples_per_s,
+                "mfu": self.mfu, "source": self.source, "breakdown": dict(self.breakdown),
+                "correction": self.correction, "notes": list(self.notes)}
+
+
+def predict_step_time(traces: Sequence[StepTrace], traced_blocks: Sequence[int] | None, total_blocks: int | None,
+                      plan: Plan, device: Device, profile: DeviceProfile | None, model_name: str,
+                      chunks: int = 1) -> StepTime | None:
+    """The step time of `plan` from one full-depth trace (`traced_blocks` None), or from
+    traces of `traced_blocks` blocks each read at `total_blocks`. `chunks`: traced
+    forward-backward passes per micro-step (pipeline chunks of one rank). None without a
+    profile."""
+    if profile is None:
+        return None
+    if traced_blocks:
+        costs = full_depth_costs([t.op_costs for t in traces], traced_blocks, total_blocks)
+    else:
+        costs = traces[-1].op_costs
+    weights = _micro_step_weights(plan.grad_accum, chunks)
+    breakdown = step_breakdown(costs, weights, plan, profile)
+    model_flops = _model_flops(costs, weights)
+    return _step_time(breakdown, model_flops, plan, device, profile, model_name, chunks)
+
+
+def full_depth_costs(costs: Sequence[OpCosts], traced_blocks: Sequence[int], total_blocks: int) -> OpCosts:
+    """Every row's sums on the line through the two traced depths, at `total_blocks`."""
+    (small, large), (small_n, large_n) = costs, traced_blocks
+    rows = {}
+    for key in {*small.rows, *large.rows}:
+        low, high = small.rows.get(key, [0, 0, 0, 0]), large.rows.get(key, [0, 0, 0, 0])
+        rows[key] = [max(0, extrapolate_int(a, b, small_n, large_n, total_blocks)) for a, b in zip(low, high)]
+    return OpCosts(rows)
+
+
+def _micro_step_weights(grad_accum: int, chunks: int) -> dict[int, int]:
+    """How many times each traced micro-step's work runs in one step: the first once, the
+    second for every later one (times the pipeline chunks of each)."""
+    return {0: chunks, 1: chunks * (grad_accum - 1)}
+
+
+def step_breakdown(costs: OpCosts, weights: dict[int, int], plan: Plan, profile: DeviceProfile) -> dict[str, float]:
+    """Seconds per category for one step (before any correction)."""
+    breakdown = dict.fromkeys(CATEGORIES, 0.0)
+    device_by_group: dict[tuple[str, int], float] = {}
+    host_by_group: dict[tuple[str, int], float] = {}
+    for key, values in costs.rows.items():
+        phase, micro, op_class, dtype, recomputed = key
+        times = weights[micro] if phase in ("data", "forward", "backward") else 1
+        category, seconds = _device_seconds(key, values, plan, profile)
+        breakdown[category] += seconds * times
+        if phase == "data":
+            continue  # the batch is ready before the step's ops are queued
+        host = values[0] * profile.host_s_per_op * (METADATA_HOST_SHARE if op_class == "metadata" else 1.0)
+        group = (OVERLAP_GROUPS.get(phase, phase), micro)
+        device_by_group[group] = device_by_group.get(group, 0.0) + seconds * times
+        host_by_group[group] = host_by_group.get(group, 0.0) + host * times
+    if profile.kind == "cpu":
+        breakdown["host_overhead"] = sum(host_by_group.values())
+    else:
+        # The host queues a phase's kernels while the GPU runs earlier ones: the phase takes
+        # max(GPU, host), so only the host time beyond the GPU's work is on the critical path.
+        breakdown["host_overhead"] = sum(max(0.0, host - device_by_group[group])
+                                         for group, host in host_by_group.items())
+    return breakdown
+
+
+def _device_seconds(key: tuple, values: list[int], plan: Plan, profile: DeviceProfile) -> tuple[str, float]:
+    """(category, device seconds) of one row of the op table."""
+    phase, _micro, op_class, dtype, recomputed = key
+    ops, flops, read, written = values
+    if phase == "data":
+        # The synthetic batch is made on the host and copied over PCIe; on the CPU it is
+        # already where the step runs.
+        link = profile.host_to_device
+        return "data", _seconds(link, ops, written) if profile.kind == "cuda" and link else 0.0
+    if op_class == "metadata":
+        seconds = 0.0
+    elif op_class in ("matmul", "attention") and flops > 0:
+        compute = _compute_dtype(dtype, plan)
+        rate = profile.matmul_rate(compute) if op_class == "matmul" else profile.attention_rate(compute)
+        seconds = _seconds(rate, ops, flops)
+    else:
+        seconds = _seconds(profile.memory, ops, read + written)
+    if phase in ("optimizer", "zero_grad"):
+        return "optimizer", seconds
+    if recomputed:
+        return "recompute", seconds
+    return ("elementwise" if op_class == "metadata" else op_class), seconds  # metadata: host time only
+
+
+def _seconds(rate: Rate, ops: int, amount: int) -> float:
+    """`ops` ops of `amount` in all at `rate` (each pays the fixed cost once)."""
+    return ops * rate.fixed_s + amount / rate.per_s if amount > 0 else 0.0
+
+
+def _compute_dtype(dtype: str, plan: Plan) -> str:
+    """The rate a matmul on `dtype` tensors runs at: fp32 under --precision tf32 is tf32."""
+    if dtype == "fp32":
+        return "tf32" if plan.precision == "tf32" else "fp32"
+    return dtype if dtype in ("bf16", "fp16", "fp8") else "fp32"
+
+
+def _model_flops(costs: OpCosts, weights: dict[int, int]) -> int:
+    """Model FLOPs of one step as trainwise/trace/flops.py counts them: matmuls of forward
+    and backward (no recomputation) and attention as 3x its forward (backward is twice the
+    forward; the kernels' own recomputation is not model work)."""
+    total = 0
+    for (phase, micro, op_class, _dtype, recomputed), values in costs.rows.items():
+        if recomputed or phase not in ("forward", "backward"):
+            continue
+        if op_class == "matmul":
+            total += values[1] * weights[micro]
+        elif op_class == "attention" and phase == "forward":
+            total += 3 * values[1] * weights[micro]
+    return total
+
+
+def _step_time(breakdown: dict[str, float], model_flops: int, plan: Plan, device: Device,
+               profile: DeviceProfile, model_name: str, chunks: int) -> StepTime:
+    key = f"step:{model_name}" if f"step:{model_name}" in profile.corrections else "step"
+    correction = profile.corrections.get(key)
+    notes = [f"predicted from the traced ops and the {'catalog figures' if profile.source == 'catalog' else 'profile'}"
+             f" of {profile.device_name}; tokens/s and samples/s are this device's"]
+    if correction is not None:
+        breakdown = {name: seconds * correction for name, seconds in breakdown.items()}
+        notes.append(f"multiplied by {correction:.3f}, the measured/predicted ratio stored as {key!r} in the profile")
+    step_s = sum(s for name, s in breakdown.items() if name not in OFF_CRITICAL_PATH)
+    samples = plan.batch_size * chunks * plan.grad_accum
+    peak = device.gpu.peak(COMPUTE_DTYPE[plan.precision]) if device.gpu is not None else None
+    mfu = model_flops / step_s / peak if peak and step_s > 0 else None
+    return StepTime(step_s=step_s, tokens_per_s=samples * plan.seq_len / step_s if step_s else 0.0,
+                    samples_per_s=samples / step_s if step_s else 0.0, mfu=mfu, source=profile.source,
+                    breakdown=breakdown, correction=correction, notes=tuple(notes))

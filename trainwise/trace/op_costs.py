@@ -1,0 +1,204 @@
+"""The work of every op of a traced step, added up by kind: what the step-time model reads.
+
+While the memory trace runs (trainwise/trace/recorder.py), every aten op it sees is added
+to one row keyed by (phase, micro-step, op class, dtype name, recomputed?) holding
+(ops, FLOPs, bytes read, bytes written). Rows, not a list of ops, keep the memory of a
+trace of a deep model small; the time of an op depends only on its class, dtype and size,
+and the model (trainwise/estimate/step_time.py) is linear in those sums.
+
+Op classes (decided here, documented in docs/plan.md):
+* "matmul": matrix products and convolutions (mm, bmm, addmm, baddbmm, convolution and its
+  backward, fp8 scaled mm, grouped mm), FLOPs from PyTorch's formulas;
+* "attention": the fused scaled-dot-product kernels and their backward (flash, efficient,
+  cuDNN, the CPU's flash kernel). FLOPs are kernel work: backward counts the score matrix
+  the kernels recompute (2.5x the forward), unlike the model FLOPs of MFU (flops.py);
+* "normalization": layer-norm, RMS-norm, group- and batch-norm kernels and their backward,
+  and element-wise ops run inside a module whose class is a norm (Llama's RMSNorm is
+  written as element-wise ops). Autograd gives no module in backward, so the backward of
+  such a norm counts as "elementwise";
+* "metadata": views, aliases, `empty` and the like: they go through the dispatcher (host
+  time) but launch no kernel and move no bytes;
+* "elementwise": every other op, memory-bound, costed by the bytes it reads and writes.
+
+Bytes are the sizes of the tensors an op reads and writes as it sees them (a view counts
+its own elements, not its whole storage). Ops run in backward while grad mode is on are
+the forward that activation checkpointing recomputes, when they run inside a module:
+autograd runs backward formulas with grad mode off, and checkpointing turns it on to
+rebuild the graph (tests/test_step_time.py checks both on fake tensors); outside any
+module, `backward()` itself makes the first gradient (ones) with grad mode on."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count, shape_wrapper
+
+from trainwise.trace.flops_formulas import model_flop_formulas
+
+CLASSES = ("matmul", "attention", "normalization", "elementwise", "metadata")
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
+for _name in ("float8_e4m3fn", "float8_e5m2"):
+    if hasattr(torch, _name):
+        DTYPE_NAMES[getattr(torch, _name)] = "fp8"
+NORM_OPS = ("native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm", "_fused_rms_norm_backward",
+            "native_group_norm", "native_group_norm_backward", "native_batch_norm", "native_batch_norm_backward",
+            "_native_batch_norm_legit", "_native_batch_norm_legit_no_training")
+ATTENTION_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
+                 "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
+                 "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward",
+                 "_scaled_dot_product_flash_attention_for_cpu",
+                 "_scaled_dot_product_flash_attention_for_cpu_backward",
+                 "_flash_attention_forward", "_flash_attention_backward",
+                 "_efficient_attention_forward", "_efficient_attention_backward")
+MATMUL_OPS = ("mm", "bmm", "addmm", "baddbmm", "_scaled_mm", "convolution", "_convolution", "convolution_backward",
+              "cudnn_convolution", "convolution_overrideable", "_slow_conv2d_forward", "_grouped_mm")
+# Ops with no kernel. Views are recognised from their schema (an output aliasing an input);
+# `_unsafe_view` is a view whose schema does not say so.
+NO_KERNEL_OPS = ("_unsafe_view", "empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "detach",
+                 "alias", "lift_fresh", "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset")
+
+
+@dataclass
+class OpCosts:
+    """Totals of a traced step's ops: `rows[(phase, micro_step, op class, dtype, recomputed)]`
+    = [ops, FLOPs, bytes read, bytes written]. `micro_step` is 0 for the first micro-step
+    and 1 for the second (the trace runs at most two; later ones repeat the second), 0
+    outside forward/backward/data."""
+
+    rows: dict[tuple[str, int, str, str, bool], list[int]] = field(default_factory=dict)
+
+    def total(self, index: int, **match) -> int:
+        """Sum of column `index` (0 ops, 1 FLOPs, 2 read, 3 written) over rows whose key
+        fields equal `match` (phase=, micro_step=, op_class=, dtype=, recomputed=)."""
+        return sum(values[index] for key, values in self.rows.items() if _matches(key, match))
+
+
+_FIELDS = ("phase", "micro_step", "op_class", "dtype", "recomputed")
+
+
+def _matches(key: tuple, match: dict) -> bool:
+    return all(key[_FIELDS.index(name)] == value for name, value in match.items())
+
+
+class OpCostRecorder:
+    """Adds each op the AllocationRecorder dispatches to an OpCosts. `norm_modules` are the
+    qualified names of the model's normalisation modules; `micro_step` is set by the step."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.costs = OpCosts()
+        self.micro_step = 0
+        self.norm_modules = {name or type(m).__name__ for name, m in model.named_modules()
+                             if "norm" in type(m).__name__.lower()}
+
+    def record(self, func, args, kwargs, out, outputs: list[torch.Tensor], phase: str, module: str) -> None:
+        op_class = classify(func)
+        inputs = _tensors(args, kwargs)
+        if op_class == "elementwise" and module in self.norm_modules:
+            op_class = "normalization"
+        flops = read = written = 0
+        if op_class != "metadata":
+            read = sum(_nbytes(t) for t in inputs)
+            written = sum(_nbytes(t) for t in outputs)
+            if op_class in ("matmul", "attention"):
+                flops = kernel_flops(func, args, kwargs or {}, out)
+        # In a module's forward: backward() makes its first gradient with grad mode on too.
+        recomputed = phase == "backward" and module != "" and torch.is_grad_enabled()
+        micro = self.micro_step if phase in ("data", "forward", "backward") else 0
+        key = (phase, micro, op_class, _dtype_name(inputs or outputs), recomputed)
+        row = self.costs.rows.get(key)
+        if row is None:
+            self.costs.rows[key] = [1, flops, read, written]
+        else:
+            row[0] += 1
+            row[1] += flops
+            row[2] += read
+            row[3] += written
+
+
+def _tensors(args: tuple, kwargs: dict | None) -> list[torch.Tensor]:
+    """The tensors among an op's arguments, one level of lists deep (foreach ops): aten
+    schemas nest no deeper, and this runs for every op (pytree's flattening is slower)."""
+    found = []
+    for value in (*args, *(kwargs or {}).values()):
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(v for v in value if isinstance(v, torch.Tensor))
+    return found
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _dtype_name(tensors: list[torch.Tensor]) -> str:
+    """The dtype an op computes in: its first floating-point tensor's, else its first's."""
+    for tensor in tensors:
+        if tensor.dtype.is_floating_point:
+            return _short_name(tensor.dtype)
+    return _short_name(tensors[0].dtype) if tensors else "none"
+
+
+@functools.cache
+def _short_name(dtype: torch.dtype) -> str:
+    return DTYPE_NAMES.get(dtype) or str(dtype).removeprefix("torch.")
+
+
+@functools.cache
+def classify(func) -> str:
+    """The op class of an aten (or custom) op overload; see the module docstring."""
+    name = func.overloadpacket.__name__
+    if name in MATMUL_OPS or func.overloadpacket in _grouped_formulas():
+        return "matmul"
+    if name in ATTENTION_OPS:
+        return "attention"
+    if name in NORM_OPS:
+        return "normalization"
+    if name in NO_KERNEL_OPS or func.namespace == "prim" or _is_view(func):
+        return "metadata"
+    return "elementwise"
+
+
+def _is_view(func) -> bool:
+    """An op whose output aliases an input without writing it (view, reshape of a
+    contiguous tensor, transpose, expand, ...); in-place ops alias too but write."""
+    schema = func._schema
+    returns_alias = any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+    return returns_alias and not schema.is_mutable
+
+
+def kernel_flops(func, args, kwargs: dict, out) -> int:
+    """FLOPs of one matmul or attention kernel (a multiply-add is 2); 0 without a formula."""
+    formula = _kernel_formulas().get(func.overloadpacket)
+    return int(formula(*args, out_val=out, **kwargs)) if formula is not None else 0
+
+
+def _cpu_attention_backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+def _cpu_attention_forward(query, key, value, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query, key, value)
+
+
+@functools.cache
+def _grouped_formulas() -> dict:
+    """Mixture-of-experts grouped matmuls (flops_formulas.py): the ops that are not attention."""
+    return {op: f for op, f in model_flop_formulas().items() if "attention" not in op.__name__}
+
+
+@functools.cache
+def _kernel_formulas() -> dict:
+    """PyTorch's formulas (kernel work), the CPU flash kernel's (the same work as CUDA's),
+    and the grouped matmuls'. Shape formulas are wrapped as FlopCounterMode does."""
+    aten = torch.ops.aten
+    formulas = dict(flop_registry)
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        formulas[aten._scaled_dot_product_flash_attention_for_cpu] = shape_wrapper(_cpu_attention_forward)
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward"):
+        formulas[aten._scaled_dot_product_flash_attention_for_cpu_backward] = shape_wrapper(_cpu_attention_backward)
+    for op, formula in _grouped_formulas().items():
+        formulas[op] = formula if getattr(formula, "_get_raw", False) else shape_wrapper(formula)
+    return formulas
