@@ -11,9 +11,8 @@ import pytest
 from test_planner_search import GIB, formula
 from trainwise.api import plan as plan_api
 from trainwise.cli.main import main
-from trainwise.cli.train_auto import AutoRequest, train_stepping_down
+from trainwise.cli.train_auto import AutoRequest, pinned_argv, train_stepping_down
 from trainwise.common.errors import OutOfMemory
-from trainwise.estimate.result import EstimateResult
 from trainwise.plan import Plan
 from trainwise.planner.compose import Measure
 
@@ -145,10 +144,39 @@ def test_batch_size_auto_steps_down_once_after_a_first_step_out_of_memory_and_ne
               lost=0)
 
 
-@pytest.mark.skipif(not hasattr(EstimateResult, "time") and "time" not in EstimateResult.__dataclass_fields__,
-                    reason="EstimateResult has no step-time prediction yet (the time model lands separately)")
 def test_train_plan_auto_on_tiny_llama_on_cpu_trains_the_chosen_plan(capsys, tmp_path):
     code = main(["train", "tiny-llama", "--plan", "auto", "--device", "cpu", "--seq-len", "32", "--global-batch", "4",
                  "--steps", "2", "--output", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert code == 0 and "--plan auto chose" in err and "--plan auto trains: trainwise train tiny-llama" in err
+
+
+@pytest.mark.fault
+def test_verify_of_a_gpu_that_is_not_here_is_refused_before_the_search(monkeypatch, capsys, fault_log):
+    _use(monkeypatch, _never)
+    line = _refused(capsys, [*PLAN, "--verify", "2"], "--verify")
+    assert "H100-80GB is not present here" in line
+    fault_log(kind="bad input", case="plan --verify 2 for an H100 on a machine without one", exit_code=2,
+              message=line, lost=0)
+
+
+@pytest.mark.fault
+def test_verify_without_plan_auto_in_train_is_refused(capsys, fault_log):
+    line = _refused(capsys, ["train", "tiny-llama", "--device", "cpu", "--verify", "2"], "--verify")
+    assert "--plan auto" in line
+    fault_log(kind="bad input", case="train --verify 2 without --plan auto", exit_code=2, message=line, lost=0)
+
+
+def test_torchrun_workers_train_the_parents_choice_instead_of_searching_again():
+    chosen = Plan(batch_size=2, grad_accum=4, grad_ckpt=True, precision="bf16", nproc=2, device="cpu")
+    argv = ["train", "tiny-llama", "--plan", "auto", "--nproc", "2", "--global-batch", "16", "--steps", "3"]
+    request = AutoRequest(plan=True, batch=False, global_batch=16, margin=0.05, fixed=frozenset({"nproc"}))
+    pinned = pinned_argv(argv, chosen, request)
+    assert "auto" not in pinned and pinned[:2] == ["train", "tiny-llama"]
+    assert pinned[pinned.index("--batch-size") + 1] == "2" and pinned[pinned.index("--grad-accum") + 1] == "4"
+    assert "--grad-ckpt" in pinned and pinned[pinned.index("--precision") + 1] == "bf16"
+    assert "--device" not in pinned and pinned.count("--nproc") == 1  # the launcher strips its own --nproc
+    batch_only = AutoRequest(plan=False, batch=True, global_batch=16, margin=0.05, fixed=frozenset())
+    pinned = pinned_argv(["train", "m", "--plan", "my.yaml", "--batch-size=auto"], chosen, batch_only)
+    assert pinned[:4] == ["train", "m", "--plan", "my.yaml"] and "--grad-ckpt" not in pinned
+    assert pinned[pinned.index("--batch-size") + 1] == "2"

@@ -6,6 +6,7 @@ import sys
 
 from trainwise.cli.flags import add_auto_batch_flags, add_knob_flags, explicit_knobs, number_option, take_auto_batch
 from trainwise.cli.flags import plan_from_args
+from trainwise.cli.verify_args import add_verify_arguments, verify_count
 
 
 def register(commands) -> None:
@@ -33,6 +34,7 @@ def register(commands) -> None:
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     add_knob_flags(parser)
     add_auto_batch_flags(parser)
+    add_verify_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -50,6 +52,7 @@ def run(args) -> int:
     # notice would drown the table.
     warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
     take_auto_batch(args)  # auto is what the search does with a micro-batch it is not given
+    verify = verify_count(args)  # a bad value is refused before the search
     fixed = explicit_knobs(args)
     search_args = dict(allow=parse_allow(args.allow), global_batch=number_option(args, "global_batch"),
                        gpus=number_option(args, "gpus", minimum=1), top=number_option(args, "top", minimum=1),
@@ -57,19 +60,40 @@ def run(args) -> int:
                        inter_node_gbps=number_option(args, "inter_node_gbps", float, 0),
                        margin=number_option(args, "memory_margin", float, 0))
     plan = plan_from_args(args)
+    if verify:
+        from trainwise.hardware import resolve_device
+        from trainwise.planner.verify import check_device_present
+
+        check_device_present(resolve_device(plan.device))
+        search_args["top"] = max(search_args["top"], verify)
     report = plan_search(args.model, plan, fixed, profile=args.profile, task=args.task,
                          trust_remote_code=args.trust_remote_code, **search_args)
     paths = write_outputs(report, args.out)
     emitted = _emit(report, args)
-    if args.json:
-        print_json(plan_json(report, paths, emitted))
-    else:
+    if not args.json:
         render_plan(report, paths, Console())
+    verified = _verify(args, report) if verify else None
+    if args.json:
+        print_json({**plan_json(report, paths, emitted), **({"verify": verified} if verified else {})})
+    else:
         if emitted and args.emit_out is None:
             print(emitted[0])
         for knob in emitted[1] if emitted else []:
             print(f"--emit {args.emit} cannot express: {knob}", file=sys.stderr)
     return 0
+
+
+def _verify(args, report) -> dict:
+    """Run the top --verify K plans here (after the table, so the user sees what runs) and
+    return the report's JSON."""
+    from pathlib import Path
+
+    from trainwise.cli.verify_args import run_verify_from_args
+    from trainwise.planner.verify import report_to_json
+
+    profile = Path(args.profile) if args.profile else None
+    verified = run_verify_from_args(args, args.model, list(report.result.ranked), report.device, profile)
+    return report_to_json(verified)
 
 
 def _emit(report, args):

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 
 from trainwise.cli.flags import explicit_knobs, number_option, take_auto_batch
-from trainwise.common.errors import OutOfMemory
+from trainwise.common.errors import InputError, OutOfMemory
 from trainwise.common.units import human_bytes
 from trainwise.plan.plan import Plan
 
@@ -24,17 +24,25 @@ class AutoRequest:
     margin: float
     fixed: frozenset[str]
     smaller: Plan | None = None  # the one step down, for --batch-size auto
+    verify: int = 0  # --verify K: run the top K plans here before choosing
+    args: object = None  # the command's arguments (the --verify settings)
 
 
 def take_auto_request(args) -> AutoRequest:
     """Read (and remove from `args`) --plan auto and --batch-size auto, before the Plan is built."""
+    from trainwise.cli.verify_args import verify_count
+
     auto_plan = getattr(args, "plan", None) == "auto"
     auto_batch = take_auto_batch(args)
     fixed = explicit_knobs(args)
+    verify = verify_count(args)
+    if verify and not auto_plan:
+        raise InputError("--verify", "runs the searched plans, so it goes with --plan auto")
     if auto_plan:
         args.plan = None  # a plan file literally named auto is still reachable as ./auto
     return AutoRequest(plan=auto_plan, batch=auto_batch, global_batch=number_option(args, "global_batch"),
-                       margin=number_option(args, "memory_margin", float, 0), fixed=fixed)
+                       margin=number_option(args, "memory_margin", float, 0), fixed=fixed, verify=verify,
+                       args=args)
 
 
 def resolve_auto(request: AutoRequest, plan: Plan, model: str, device_name: str, task, trust_remote_code) -> Plan:
@@ -59,15 +67,58 @@ def _searched(request: AutoRequest, plan: Plan, model: str, device_name: str, ta
     from trainwise.api.plan import plan_search
     from trainwise.planner.emit import train_flags
 
-    report = plan_search(model, plan.replace(device=device_name), request.fixed | {"device"}, top=1,
-                         global_batch=request.global_batch, margin=request.margin, gpus=plan.nproc, task=task,
-                         trust_remote_code=trust_remote_code)
+    report = plan_search(model, plan.replace(device=device_name), request.fixed | {"device"},
+                         top=max(1, request.verify), global_batch=request.global_batch, margin=request.margin,
+                         gpus=plan.nproc, task=task, trust_remote_code=trust_remote_code)
     best = report.result.ranked[0]
+    if request.verify:
+        best = _measured_best(request, report, model)
     speed = "" if math.isnan(best.step_s) else f", {best.step_s:.3g} s per step, {best.tokens_per_s:,.0f} tokens/s"
     print(f"--plan auto chose (of {len(report.result.screened)} plans, {report.seconds:.1f} s): predicted "
           f"{human_bytes(best.memory_bytes)} device total{speed}", file=sys.stderr)
     print(f"--plan auto trains: {train_flags(best.plan, model)}", file=sys.stderr)
     return best.plan.replace(device=plan.device)
+
+
+def _measured_best(request: AutoRequest, report, model: str):
+    """Run the top --verify K plans here; the measured best when verify could tell the plans
+    apart, else the predicted best (and the verify table says why)."""
+    from trainwise.cli.verify_args import run_verify_from_args
+
+    profile = getattr(request.args, "profile", None)
+    verified = run_verify_from_args(request.args, model, list(report.result.ranked), report.device, profile)
+    ranked = report.result.ranked
+    if verified.confident and verified.recommended is not None:
+        print(f"--plan auto --verify {request.verify}: training the measured best (plan {verified.recommended + 1})",
+              file=sys.stderr)
+        return ranked[verified.recommended]
+    print(f"--plan auto --verify {request.verify}: no measured winner; training the predicted best", file=sys.stderr)
+    return ranked[0]
+
+
+def pinned_argv(argv: list[str], plan: Plan, request: AutoRequest) -> list[str]:
+    """The command line the torchrun workers run: what auto chose, written out as flags, so
+    each rank trains the parent's choice instead of searching again."""
+    drop = {"--plan": "auto", "--batch-size": "auto"} if request.plan else {"--batch-size": "auto"}
+    kept, skip = [], False
+    for index, word in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        name, _, inline = word.partition("=")
+        if name in drop and (inline or (argv[index + 1] if index + 1 < len(argv) else "")) == drop[name]:
+            skip = not inline
+            continue
+        kept.append(word)
+    pinned = {"batch_size": plan.batch_size, "grad_accum": plan.grad_accum}
+    if request.plan:
+        pinned.update(plan.changed_knobs())
+    for name, value in pinned.items():
+        if name in ("device", "nproc") or value is None or value is False:
+            continue
+        flag = "--" + name.replace("_", "-")
+        kept += [flag] if value is True else [flag, str(value)]
+    return kept
 
 
 def train_stepping_down(request: AutoRequest, plan: Plan, run_train, steps_done) -> object:

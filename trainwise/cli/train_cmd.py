@@ -6,6 +6,7 @@ import os
 import sys
 
 from trainwise.cli.flags import add_auto_batch_flags, add_knob_flags, add_spec_flags, plan_from_args, typed_values
+from trainwise.cli.verify_args import add_verify_arguments
 from trainwise.engine.run_config import RunConfig
 
 DEFAULT_MODEL = "tiny-llama"
@@ -28,6 +29,7 @@ def register(commands) -> None:
     add_knob_flags(parser)
     add_spec_flags(parser.add_argument_group("run settings"), RunConfig.specs())
     add_auto_batch_flags(parser)  # --plan auto and --batch-size auto: trainwise/cli/train_auto.py
+    add_verify_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -46,7 +48,7 @@ def run(args) -> int:
     from trainwise.plan import load_plan_file
     from trainwise.models.families.checks import check_model_layout
 
-    from trainwise.cli.train_auto import resolve_auto, take_auto_request, train_stepping_down
+    from trainwise.cli.train_auto import pinned_argv, resolve_auto, take_auto_request, train_stepping_down
     from trainwise.engine.job import device_name_for_estimate
 
     auto = take_auto_request(args)
@@ -72,7 +74,8 @@ def run(args) -> int:
         check_training_output(run_config.output, plan, run_config, count_parameters_of(spec))
         if warning:
             print(warning, file=sys.stderr)
-        return launch_local(plan.nproc, args.argv, run_config)
+        argv = pinned_argv(args.argv, plan, auto) if auto.plan or auto.batch else args.argv
+        return launch_local(plan.nproc, argv, run_config)
     run_config = _continue_after_restart(run_config)
     console = Console(quiet=int(os.environ.get("RANK", "0")) != 0)  # rank 0 speaks for the job
     progress = StepProgress(console, run_config.steps)

@@ -149,6 +149,12 @@ def check_verify_request(candidates: list[Candidate], *, steps: int, timing_warm
         raise InputError("--verify-steps", f"{steps}: at least {needed} on {device.name} "
                                            f"({timing_warmup} warm-up step(s), then one timed step"
                                            + (", then the memory-probe step)" if device.kind == "cpu" else ")"))
+    check_device_present(device)
+
+
+def check_device_present(device: Device) -> None:
+    """Verify runs the plans here: refuse a target GPU this machine does not have (called
+    before the search too, so the refusal comes before any long work)."""
     if device.kind == "cuda" and not _present(device):
         raise InputError("--verify", f"runs the plans on this machine, and {device.name} is not present here; "
                                      "verify on the machine the plan is for")
