@@ -117,3 +117,42 @@ def test_a_repeat_below_one_is_exit_2(tmp_path, repeat, capsys, fault_log):
     assert code == 2 and "trainwise: error: --repeat: must be an int >= 1" in err
     assert not (tmp_path / "out").exists()  # refused before any row ran
     fault_log(kind="bad input", case=f"bench --repeat {repeat}", exit_code=code, message=err.strip())
+
+
+def _benchmarks_on_path():
+    import sys
+    from pathlib import Path
+
+    folder = str(Path(__file__).resolve().parent.parent / "benchmarks")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+
+
+def test_vs_hf_trainer_withholds_the_ratio_on_a_busy_machine_and_exits_1(tmp_path, capsys, timings, monkeypatch):
+    _benchmarks_on_path()
+    import vs_hf_trainer
+
+    monkeypatch.setattr(vs_hf_trainer, "run_row", benchmark.run_row)  # the injected timings
+    quiet(monkeypatch, load=5.2)
+    code = vs_hf_trainer.main(["--steps", "8", "--repeats", "2", "--seq-len", "32"])
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 1 and result["samples_per_s_ratio"] is None
+    assert result["ratio_withheld"].startswith("machine busy: load 5.2 on 2 CPUs")
+    quiet(monkeypatch)
+    assert vs_hf_trainer.main(["--steps", "8", "--repeats", "2", "--seq-len", "32"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["samples_per_s_ratio"] == 1.25 and result["samples_per_s_spread"]["trainwise"]["n"] == 2
+
+
+def test_bench_page_and_scaling_pages_say_when_the_machine_was_busy():
+    _benchmarks_on_path()
+    import bench_page
+    import scaling
+
+    busy = "machine busy: load 3.1 on 2 CPUs, about 2.0 of it from other processes"
+    rows = [{"name": "a", "engine": "trainwise", "busy": busy}, {"name": "a", "engine": "hf-trainer", "busy": None}]
+    assert bench_page.busy_line(rows).startswith(f"Machine: busy when 1 of 2 rows ran ({busy})")
+    assert bench_page.busy_line([{**r, "busy": None} for r in rows]).startswith("Machine: quiet")
+    assert scaling._spread({"repeats_seconds_per_step": [1.0, 1.02, 1.01], "busy": None}) == "2 %"
+    assert scaling._spread({"repeats_seconds_per_step": [1.0, 1.02, 1.01], "busy": busy}) == "2 % (noisy)"
+    assert scaling._spread({"repeats_seconds_per_step": [1.0, 1.5, 1.01], "busy": None}) == "50 % (noisy)"

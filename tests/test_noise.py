@@ -125,4 +125,5 @@ def test_a_busy_machine_withholds_the_ratio_whatever_the_spread():
 
 
 def test_one_sample_has_no_spread_to_trust():
-    assert confident_ratio(Spread.of([12.0]), Spread.of([10.0, 10.0])).withheld == "one sample: no spread to judge it by"
+    ratio = confident_ratio(Spread.of([12.0]), Spread.of([10.0, 10.0]))
+    assert ratio.withheld == "one sample: no spread to judge it by"

@@ -23,7 +23,8 @@ def results_markdown(rows: list[dict], command: str, device: str) -> str:
              "memory is profiled); rates are the median of the row's samples (each run's rate when a row ran "
              "more than once, else each timed step's), spread = (max - min) / median of them (the fastest and "
              "slowest left out from 5 samples on). vs HF Trainer is the ratio of the medians, shown only when "
-             f"both spreads are at most {spread_text(SPREAD_LIMIT)} and the machine was not busy. Memory is measured and predicted (`trainwise estimate` for the same plan); "
+             f"both spreads are at most {spread_text(SPREAD_LIMIT)} and the machine was not busy. "
+             "Memory is measured and predicted (`trainwise estimate` for the same plan); "
              "error = (predicted - measured) / measured. n/a: no such figure.", "",
              "| " + " | ".join(header for header, _ in columns) + " |",
              "|" + "|".join("---" if i < 3 else "---:" for i in range(len(columns))) + "|"]

@@ -208,7 +208,8 @@ def _visible_gpus(pynvml) -> list[tuple[int, object]]:
         value = pynvml.nvmlDeviceGetUUID(handle)
         return value.decode() if isinstance(value, bytes) else str(value)
 
-    return [(i, h) for i, h in gpus if str(i) in wanted or any(uuid(h).startswith(w) for w in wanted if w.startswith("GPU-"))]
+    uuids = [w for w in wanted if w.startswith("GPU-")]
+    return [(i, h) for i, h in gpus if str(i) in wanted or any(uuid(h).startswith(w) for w in uuids)]
 
 
 def _own_pids() -> set[int]:
