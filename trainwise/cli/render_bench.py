@@ -72,8 +72,9 @@ def _explain(rows: list[dict], console: Console, has_device_figures: bool, has_b
     if not has_device_figures:
         console.print("peak reserved and device total: n/a, this device reports no allocator cache or "
                       "context to measure", highlight=False, markup=False)
-    console.print("samples/s: the median of the row's samples (each run's rate with --repeat above 1, else "
-                  "each timed step's); spread = (max - min) / median of them, measured", highlight=False, markup=False)
+    console.print("samples/s: the median of the row's samples (each run's rate with --repeat above 1, else each "
+                  "timed step's); spread = (max - min) / median of them (from 5 samples on, the fastest and "
+                  "slowest left out); measured", highlight=False, markup=False)
     if has_baseline:
         console.print("vs HF Trainer: trainwise's median samples/s over the Trainer's for the same row (above "
                       f"1.00x: trainwise is faster), shown only when both spreads are at most "
@@ -112,7 +113,7 @@ def _spread_cell(row: dict) -> str:
     spread = row.get("spread")
     if not spread or spread["spread_pct"] is None:
         return "n/a"
-    return f"{spread['spread_pct']:.0f} % ({spread['n']} {spread['over']})"
+    return f"{spread['spread_pct']:.0f} %"
 
 
 def _spread_note(row: dict) -> str:
