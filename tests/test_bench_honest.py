@@ -4,6 +4,7 @@ the Trainer printed only when both rows were steady on a quiet machine, else the
 The rows' timings are injected (run_row replaced by synthetic runs), so these tests check
 what bench does with timings, not the timings of this machine."""
 
+import csv
 import json
 import re
 
@@ -74,6 +75,8 @@ def test_a_busy_machine_prints_no_ratio_and_says_why(tmp_path, capsys, timings, 
     assert rows[0]["vs_baseline"]["ratio"] is None and "load 5.2" in rows[0]["vs_baseline"]["withheld"]
     assert rows[0]["busy"].startswith("machine busy") and rows[1]["busy"].startswith("machine busy")
     assert "machine busy: load 5.2" in (tmp_path / "out" / "results.md").read_text()
+    table = list(csv.DictReader((tmp_path / "out" / "results.csv").open()))
+    assert table[0]["vs_baseline_ratio"] == "" and table[0]["vs_baseline_withheld"].startswith("machine busy")
 
 
 def test_a_spread_over_10_percent_prints_no_ratio_and_says_how_much(tmp_path, capsys, timings):
