@@ -8,13 +8,14 @@ Each repeat is a whole `trainwise bench` ladder (every row a fresh process, trai
 the Trainer one after the other), so a slow spell of a shared machine hits both engines
 of a rung alike. The table shows the median run of each row (by samples/s) with the
 spread of samples/s over the repeats; "vs HF Trainer" is the ratio of the medians where
-both engines' spreads are within 10 %, else the spread that kept it out.
+both engines' spreads are within 10 % and no run of either started on a busy machine
+(trainwise.common.noise), else the reason that kept it out. The page says how busy the
+machine was.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -24,11 +25,8 @@ import provenance
 provenance.add_repo_to_path()
 
 from trainwise.common.atomic import atomic_write_text  # noqa: E402
+from trainwise.common.noise import SPREAD_LIMIT, Spread, confident_ratio, spread_text  # noqa: E402
 from trainwise.common.units import bytes_or_na, signed_percent  # noqa: E402
-
-# Above this run-to-run spread of samples/s (max - min over the median) no ratio is printed.
-NOISY_SPREAD = 0.10
-
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -48,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-page-") as scratch:
         for index in range(args.repeats):
             runs.append(bench(None, args.ladder, steps=args.steps, out=Path(scratch) / f"run-{index}",
-                              device=args.device))
+                              device=args.device, repeat=1))
             print(f"repeat {index + 1} of {args.repeats} done", flush=True)
     prov = provenance.finish(prov)
     rows = median_rows(runs)
@@ -62,14 +60,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def median_rows(runs: list[list[dict]]) -> list[dict]:
     """Per (row, engine): the run with the median samples/s, with every repeat's samples/s
-    under "repeats_samples_per_s" (failed runs count as missing figures)."""
+    under "repeats_samples_per_s" (failed runs count as missing figures) and "busy", the
+    first busy machine any repeat of it started on (None: quiet)."""
     order = list(dict.fromkeys((r["name"], r["engine"]) for run in runs for r in run))
     rows = []
     for key in order:
         same = [r for run in runs for r in run if (r["name"], r["engine"]) == key]
         timed = sorted((r for r in same if r.get("samples_per_s")), key=lambda r: r["samples_per_s"])
         chosen = timed[(len(timed) - 1) // 2] if timed else same[0]
-        rows.append({**chosen, "repeats_samples_per_s": [r.get("samples_per_s") for r in same]})
+        rows.append({**chosen, "repeats_samples_per_s": [r.get("samples_per_s") for r in same],
+                     "busy": next((r["busy"] for r in same if r.get("busy")), None)})
     return rows
 
 
@@ -80,19 +80,20 @@ def render(rows: list[dict], args, chart: str) -> str:
              "memory-profiled step left out), spread = (max - min) / median over the repeats. Memory: measured "
              "(the median run's) and predicted (`trainwise estimate` for the same plan); "
              "error = (predicted - measured) / measured. vs HF Trainer: ratio of the medians, shown only where "
-             f"both engines' spreads are within {NOISY_SPREAD * 100:.0f} %.", "",
+             f"both engines' spreads are within {spread_text(SPREAD_LIMIT)} and the machine was not busy when "
+             "their runs started (other processes' load beyond half a CPU).", "",
              "| row | engine | status | samples/s (median) | spread | repeats | tokens/s (median run) | peak alloc measured "
              "| predicted | error | vs HF Trainer |",
              "|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         speeds = [s for s in r["repeats_samples_per_s"] if s]
-        median = statistics.median(speeds) if speeds else None
-        spread = f"{(max(speeds) - min(speeds)) / median * 100:.0f} %" if len(speeds) > 1 else "n/a"
+        median, spread = Spread.of(speeds).median, spread_text(Spread.of(speeds).spread)
         status = r["status"] + (f": {r['reason']}" if r["status"] != "ok" and r.get("reason") else "")
         other = baseline.get(r["name"])
         ratio = ""
         if r["engine"] == "trainwise" and other and median:
-            ratio = _ratio(speeds, [s for s in other["repeats_samples_per_s"] if s])
+            busy = r.get("busy") or other.get("busy")
+            ratio = _ratio(speeds, [s for s in other["repeats_samples_per_s"] if s], busy)
         lines.append("| " + " | ".join([
             r["name"], r["engine"], status.replace("|", "/"), _num(median, ",.1f"), spread,
             ", ".join(_num(s, ".1f") for s in r["repeats_samples_per_s"]), _num(r.get("tokens_per_s"), ",.0f"),
@@ -100,26 +101,28 @@ def render(rows: list[dict], args, chart: str) -> str:
             signed_percent(r["error_pct"].get("peak_allocated")), ratio]) + " |")
     methods = sorted({r["memory_method"] for r in rows if r.get("memory_method")})
     lines += [""] + [f"Memory measured by: {m}." for m in methods]
+    lines += ["", busy_line(rows)]
     lines += ["", f"![chart]({chart})", "",
               "The chart (written by the same command) shows the median run of each row."]
     return "\n".join(lines) + "\n"
 
 
-def _spread(speeds: list[float]) -> float:
-    return (max(speeds) - min(speeds)) / statistics.median(speeds)
+def busy_line(rows: list[dict]) -> str:
+    """How busy the machine was when the rows' runs started."""
+    busy = [r for r in rows if r.get("busy")]
+    if not busy:
+        return "Machine: quiet when every run started (no other processes' load beyond half a CPU)."
+    return (f"Machine: busy when {len(busy)} of {len(rows)} rows ran ({busy[0]['busy']}); their ratios are "
+            "not shown and their times are slower and noisier than on a quiet machine.")
 
 
-def _ratio(speeds: list[float], baseline: list[float]) -> str:
+def _ratio(speeds: list[float], baseline: list[float], busy: str | None = None) -> str:
     """The ratio of the medians, or why none is shown: a ratio of two figures that moved by
-    more than NOISY_SPREAD between repeats says more about the machine than the engines."""
+    more than 10 % between repeats, or taken beside other work, says more about the machine
+    than the engines."""
     if not speeds or not baseline:
         return ""
-    worst = max(_spread(speeds), _spread(baseline)) if len(speeds) > 1 and len(baseline) > 1 else None
-    if worst is None:
-        return "not shown: one repeat"
-    if worst > NOISY_SPREAD:
-        return f"not shown: spread {worst * 100:.0f} % > {NOISY_SPREAD * 100:.0f} %"
-    return f"{statistics.median(speeds) / statistics.median(baseline):.2f}x"
+    return confident_ratio(Spread.of(speeds), Spread.of(baseline), busy=busy).text().replace("|", "/")
 
 
 def _num(value, spec: str) -> str:

@@ -71,7 +71,8 @@ def render_page(launches: list[dict], command: str) -> str:
         for engine in ("trainwise", "hf-trainer"):
             cells += _speed_cells([r for r in launch["runs"] if r["engine"] == engine])
         mfu = result.get("mfu") or {}
-        cells += [_num(result.get("samples_per_s_ratio"), ".3f"),
+        withheld = result.get("ratio_withheld")
+        cells += [f"not shown: {withheld}".replace("|", "/") if withheld else _num(result.get("samples_per_s_ratio"), ".3f"),
                   _gib((result.get("peak_allocated_bytes") or {}).get("trainwise")),
                   _num(result.get("peak_memory_ratio"), ".3f"),
                   f"{_pct(mfu.get('trainwise'))} / {_pct(mfu.get('hf-trainer'))}"]

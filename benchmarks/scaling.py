@@ -20,7 +20,10 @@ table with its provenance (command, commit, device, versions, machine load) to t
 Prints one JSON line per layout: status, seconds per step (measured: the median over
 --repeats launches of each launch's median timed step, with the spread over the launches),
 samples/s and rank 0's measured peak allocated, next to the estimate for rank 0 where it
-can be made. results.json carries the provenance too, so a page can be rendered from it.
+can be made, and `busy`: what trainwise.common.noise.busy_machine said before the launches
+(None: quiet). A layout whose launches spread by more than 10 % or that started on a busy
+machine is marked "noisy" in the table: compare its time with care. results.json carries
+the provenance too, so a page can be rendered from it.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import torch
 provenance.add_repo_to_path()
 
 from trainwise.common.atomic import atomic_write_text  # noqa: E402
+from trainwise.common.noise import SPREAD_LIMIT, Spread, busy_machine, spread_text  # noqa: E402
 from trainwise.common.units import human_bytes  # noqa: E402
 
 # (name, processes, layout knobs). Processes are capped by --nproc.
@@ -119,16 +123,19 @@ def main(argv: list[str] | None = None) -> int:
 def _repeated(name: str, nproc: int, model: str, knobs: dict, args, scratch: Path) -> dict:
     """`args.repeats` launches of one layout: the median launch's row (by s/step), with
     every launch's s/step under "repeats_seconds_per_step". A failed launch ends the layout."""
-    runs = []
+    runs, busy = [], []
     for _ in range(max(args.repeats, 1)):
+        # A CPU layout's processes share every core; on GPUs each rank drives its GPU from about one.
+        busy.append(busy_machine(knobs["device"], needs_cpus=None if knobs["device"] == "cpu" else nproc))
         runs.append(_run(name, nproc, model, knobs, args, scratch))
         if runs[-1]["status"] != "ok":
             break
     timed = sorted((r for r in runs if r.get("seconds_per_step")), key=lambda r: r["seconds_per_step"])
     chosen = timed[(len(timed) - 1) // 2] if timed and runs[-1]["status"] == "ok" else runs[-1]
     times = [r.get("seconds_per_step") for r in runs]
-    median = statistics.median([t for t in times if t]) if timed and chosen["status"] == "ok" else None
-    return {**chosen, "seconds_per_step": median, "repeats_seconds_per_step": times}
+    median = Spread.of(times).median if timed and chosen["status"] == "ok" else None
+    return {**chosen, "seconds_per_step": median, "repeats_seconds_per_step": times,
+            "busy": next((b for b in busy if b), None)}
 
 
 def _offload_demo():
@@ -190,7 +197,9 @@ def _markdown(rows: list[dict], args) -> str:
     lines = [f"Micro-batch {args.batch_size} x {args.seq_len} per data-parallel rank, {args.steps} steps, "
              f"synthetic data, each layout launched {args.repeats} time(s) (fresh processes). s/step: each launch's "
              "median over the steps after two warm-up steps, then the median over the launches; spread = "
-             "(max - min) / median over the launches. samples/s, memory (rank 0's peak allocated) and the "
+             "(max - min) / median over the launches; noisy: the spread is over "
+             f"{spread_text(SPREAD_LIMIT)} or a launch started on a busy machine (other processes' load beyond "
+             "half a CPU), so compare that time with care. samples/s, memory (rank 0's peak allocated) and the "
              "final loss are the median launch's. Predicted is `trainwise estimate` for rank 0.", "",
              "| layout | processes | status | s/step | spread | launches (s/step) | samples/s "
              "| peak allocated rank 0 | predicted | error | final loss |",
@@ -199,10 +208,13 @@ def _markdown(rows: list[dict], args) -> str:
         status = r["status"] + (f": {r.get('reason')}" if r["status"] != "ok" else "")
         lines.append("| " + " | ".join([
             r["layout"], str(r["nproc"]), status.replace("|", "/"), _fmt(r.get("seconds_per_step"), ".3f"),
-            _spread(r.get("repeats_seconds_per_step")),
+            _spread(r),
             ", ".join(_fmt(s, ".3f") for s in r.get("repeats_seconds_per_step") or []),
             _fmt(r.get("samples_per_s"), ".1f"), _bytes(r.get("peak_allocated_rank0")),
             _bytes(r.get("predicted_peak_allocated_rank0")), _error(r), _fmt(r.get("final_loss"), ".4f")]) + " |")
+    busy = [r for r in rows if r.get("busy")]
+    lines += ["", f"Machine: busy before {len(busy)} of {len(rows)} layouts ({busy[0]['busy']})." if busy
+              else "Machine: quiet before every launch."]
     lines += ["", "Commands (M: the metrics file):", ""] + [f"- {r['layout']}: `{r['command']}`" for r in rows]
     if rows and all(r["nproc"] > 0 for r in rows) and "cpu" in rows[0]["command"]:
         lines += ["", READING_ON_CPU]
@@ -221,11 +233,11 @@ states the estimate counts as host memory. Rank-0 model states are checked to th
 every layout in tests/test_parallel_engine.py."""
 
 
-def _spread(values) -> str:
-    values = [v for v in values or [] if v]
-    if len(values) < 2:
-        return "n/a"
-    return f"{(max(values) - min(values)) / statistics.median(values) * 100:.0f} %"
+def _spread(row: dict) -> str:
+    """The launches' spread of s/step, marked noisy over the limit or on a busy machine."""
+    spread = Spread.of(row.get("repeats_seconds_per_step") or []).spread
+    noisy = row.get("busy") or (spread is not None and spread > SPREAD_LIMIT)
+    return spread_text(spread) + (" (noisy)" if noisy else "")
 
 
 def _error(row: dict) -> str:

@@ -2,7 +2,11 @@
 
 Each engine trains in its own fresh process (as `trainwise bench` runs its rows), and the
 runs alternate A B B A ... so slow drift of a shared machine hits both engines alike. The
-ratios are of medians over the repeats, measured side by side in this one launch:
+ratios are of medians over the repeats, measured side by side in this one launch. Before
+each run the machine's load is checked (trainwise.common.noise.busy_machine); the speed
+ratio is given only when neither engine's samples/s spread by more than 10 % over the runs
+and the machine was never busy, else `samples_per_s_ratio` is null and `ratio_withheld`
+says why:
 
     python benchmarks/vs_hf_trainer.py                       # the case sized for this machine
     python benchmarks/vs_hf_trainer.py --case bert-large     # a named case (GPU)
@@ -12,11 +16,13 @@ With --rows FILE the launch's result, its runs and its provenance (command, comm
 device, versions, machine load) are appended to FILE (JSON), from which
 benchmarks/render_vs_trainer.py renders docs/results/vs-hf-trainer-<device>.md.
 
-Prints one JSON line per run and a last line with `samples_per_s_ratio` (trainwise /
-Trainer, > 1 means trainwise is faster) and `peak_memory_ratio` (trainwise / Trainer peak
-allocated, < 1 means trainwise needs less). Exits 1 when trainwise is slower than the
-Trainer (ratio < 1.0) or needs more memory than it (ratio > 1.01: "equal memory" allows
-1 %, a few tens of KiB on the CPU case, where both engines hold the same tensors).
+Prints one JSON line per run (with `busy`: what the machine was doing when it started) and
+a last line with `samples_per_s_ratio` (trainwise / Trainer, > 1 means trainwise is faster),
+each engine's median, min, max and spread, and `peak_memory_ratio` (trainwise / Trainer
+peak allocated, < 1 means trainwise needs less). Exits 1 when trainwise is slower than the
+Trainer (ratio < 1.0), when the speed ratio was withheld (it could not be measured here), or
+when trainwise needs more memory (ratio > 1.01: "equal memory" allows 1 %, a few tens of KiB
+on the CPU case, where both engines hold the same tensors).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ provenance.add_repo_to_path()
 from trainwise.bench.runner import RowJob, run_row
 from trainwise.cli.flags import add_knob_flags, plan_from_args, typed_values  # noqa: E402
 from trainwise.common.atomic import atomic_write_text  # noqa: E402
+from trainwise.common.noise import Spread, busy_machine, confident_ratio  # noqa: E402
 from trainwise.plan.plan import Plan  # noqa: E402
 
 # Named cases: (model, knobs). The GPU ones are the issue's: bert-large-uncased at seq 512
@@ -61,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="named case (default: cpu without a GPU, bert-large with one)")
     parser.add_argument("--steps", type=int, default=30, help="optimizer steps per run")
     parser.add_argument("--warmup", type=int, default=3, help="steps per run left out of the timing")
-    parser.add_argument("--repeats", type=int, default=2, help="runs per engine (alternated)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per engine (alternated)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     parser.add_argument("--rows", type=Path, default=None, help="append this launch's result to this JSON file")
     add_knob_flags(parser)
@@ -75,16 +82,18 @@ def main(argv: list[str] | None = None) -> int:
 
     runs: dict[str, list[dict]] = {engine: [] for engine in ENGINES}
     launch = {"case": case, "model": model, "plan": plan.changed_knobs(), "steps": args.steps, "runs": []}
+    busy = []  # what busy_machine() said before each run
     earlier = _launches(args.rows) if args.rows else []
     with tempfile.TemporaryDirectory(prefix="vs-hf-trainer-") as scratch:
         for engine in _alternating(args.repeats):
             job = RowJob(engine, plan, engine, model, args.steps, args.warmup, 0, None,
                          Path(scratch), args.timeout)
+            busy.append(busy_machine(plan.device, needs_cpus=None if plan.device == "cpu" else 1))
             row = run_row(job)
             runs[engine].append(row)
-            line = {"engine": engine, "status": row["status"], "reason": row.get("reason"),
+            line = {"engine": engine, "status": row["status"], "reason": row.get("reason"), "busy": busy[-1],
                     "samples_per_s": row.get("samples_per_s"), "mfu": row.get("mfu"),
-                    "peak_allocated": row["measured"].get("peak_allocated")}
+                    "peak_allocated": row["measured"].get("peak_allocated"), "step_times_s": row.get("step_times_s")}
             print(json.dumps(line), flush=True)
             launch["runs"].append(line)
             if args.rows:  # after every run: a launch cut by a time limit keeps its runs
@@ -94,12 +103,16 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"error": f"{failed[0]['engine']}: {failed[0]['status']}: {failed[0].get('reason')}"}))
         return 1
     prov = provenance.finish(prov)
-    speed = {e: statistics.median(r["samples_per_s"] for r in runs[e]) for e in ENGINES}
+    spreads = {e: Spread.of(r["samples_per_s"] for r in runs[e]) for e in ENGINES}
+    speed = {e: spreads[e].median for e in ENGINES}
+    ratio = confident_ratio(spreads["trainwise"], spreads["hf-trainer"], busy=next((b for b in busy if b), None))
     memory = {e: statistics.median(r["measured"]["peak_allocated"] for r in runs[e]) for e in ENGINES}
     mfu = {e: _median_or_none([r.get("mfu") for r in runs[e]]) for e in ENGINES}
     result = {
         "case": case, "model": model, "plan": plan.changed_knobs(), "steps": args.steps, "repeats": args.repeats,
-        "samples_per_s_ratio": round(speed["trainwise"] / speed["hf-trainer"], 3),
+        "samples_per_s_ratio": ratio.to_json()["ratio"], "ratio_withheld": ratio.withheld,
+        "samples_per_s_spread": {e: spreads[e].to_json() for e in ENGINES},
+        "busy": [b for b in busy if b],
         "peak_memory_ratio": round(memory["trainwise"] / memory["hf-trainer"], 3),
         "samples_per_s": speed, "peak_allocated_bytes": memory, "mfu": mfu,
         "measured_with": "medians of fresh-process runs; samples/s leave out warm-up steps",
@@ -111,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result))
     if args.rows:
         _save_launch(args.rows, earlier, {**launch, "provenance": prov, "result": result})
-    return 0 if result["samples_per_s_ratio"] >= 1.0 and result["peak_memory_ratio"] <= EQUAL_MEMORY else 1
+    faster = result["samples_per_s_ratio"] is not None and result["samples_per_s_ratio"] >= 1.0
+    return 0 if faster and result["peak_memory_ratio"] <= EQUAL_MEMORY else 1
 
 
 def _launches(path: Path) -> list[dict]:

@@ -243,6 +243,9 @@ def test_end_to_end_trainwise_and_baseline_rows_with_predictions(tmp_path, capsy
         assert row["measured"]["peak_allocated"] > 0 and row["predicted"]["peak_allocated"] > 0
         assert abs(row["error_pct"]["peak_allocated"]) < 10
         assert "profiler" in row["memory_method"]
+        # 3 steps on a CPU: one timed step (warm-up and the memory-profiled step left out), kept per run.
+        assert len(row["runs"]) == 1 and len(row["runs"][0]["step_times_s"]) == 1 and row["spread"]["n"] == 1
+    assert ok[0]["vs_baseline"] == {"ratio": None, "withheld": "one sample: no spread to judge it by"}
     assert [r["status"] for r in rows if r["name"] == "fp16"] == ["skipped", "skipped"]
     assert (tmp_path / "out" / "chart.png").exists()
 

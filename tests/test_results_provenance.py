@@ -163,4 +163,6 @@ def test_bench_page_prints_no_ratio_when_either_engine_moved_more_than_ten_perce
     assert bench_page._ratio([4.0, 4.1, 4.2], [2.0, 2.05, 2.1]) == "2.00x"
     # The busy-machine figures of an earlier bench page: 6.2 vs 1.1 samples/s read "5.56x".
     assert bench_page._ratio([6.2, 1.2, 11.2], [1.0, 1.1, 3.3]).startswith("not shown: spread")
-    assert bench_page._ratio([4.0], [2.0]) == "not shown: one repeat"
+    assert bench_page._ratio([4.0], [2.0]) == "not shown: one sample: no spread to judge it by"
+    assert bench_page._ratio([4.0, 4.1], [2.0, 2.05], busy="machine busy: load 3.1 on 2 CPUs") == (
+        "not shown: machine busy: load 3.1 on 2 CPUs")

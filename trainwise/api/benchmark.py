@@ -13,10 +13,12 @@ import torch
 
 from trainwise.api.compatibility import check_request
 from trainwise.api.estimate import estimate
+from trainwise.bench.baseline_ratio import add_baseline_ratios
 from trainwise.bench.capability import skip_reason
 from trainwise.bench.chart import save_chart
 from trainwise.bench.ladders import Rung, load_ladder
 from trainwise.bench.markdown import results_markdown
+from trainwise.bench.repeats import run_repeatedly
 from trainwise.bench.results import load_results, save_results
 from trainwise.bench.rows import empty_row, row_plan
 from trainwise.bench.runner import RowJob, run_row
@@ -26,6 +28,7 @@ from trainwise.models import resolve_model
 from trainwise.models.quiet import quiet_transformers
 from trainwise.common.atomic import atomic_write_text
 from trainwise.common.errors import InputError
+from trainwise.common.noise import busy_machine
 from trainwise.plan.plan import Plan
 
 BASELINES = ("hf-trainer", "none")
@@ -36,6 +39,9 @@ DEFAULT_LADDERS = {"cuda": "default", "cpu": "quick"}
 ROW_TIMEOUT_S = 1800
 TIMING_WARMUP_STEPS = 1
 MIN_STEPS = TIMING_WARMUP_STEPS + 2  # + the CPU memory-probe step + one timed step
+# Runs per row: on a GPU each row is relaunched; on a CPU one run's timed steps give the
+# spread, keeping the quick ladder (`make demo`) near 3 minutes on 2 cores.
+DEFAULT_REPEAT = {"cuda": 3, "cpu": 1}
 # A row finished in an earlier run (kept by --resume); "error" rows are run again.
 FINISHED = ("ok", "oom", "skipped")
 
@@ -43,23 +49,23 @@ FINISHED = ("ok", "oom", "skipped")
 def bench(model: str | None = None, ladder: str | None = None, *, steps: int = 10,
           out: str | Path = "bench-results", baseline: str = "hf-trainer", resume: bool = False,
           device: str | None = None, task: str | None = None, seed: int = 0, base_knobs: dict | None = None,
-          timeout_s: float = ROW_TIMEOUT_S, on_row: Callable[[dict], None] | None = None) -> list[dict]:
+          timeout_s: float = ROW_TIMEOUT_S, on_row: Callable[[dict], None] | None = None,
+          repeat: int | None = None) -> list[dict]:
     """Run every rung of `ladder` (a name or a YAML file; default: `default` on a GPU,
     `quick` on a CPU) with trainwise and, unless `baseline` is "none", the HF Trainer, and
     return the rows (the bench row contract of docs/train.md; times in seconds, memory in bytes).
 
     Each row runs in its own process. results.json and results.csv in `out` are rewritten
     after every row, so an interrupted ladder keeps what finished; chart.png and results.md
-    follow at the end. `base_knobs` are set on every rung before the rung's own knobs."""
-    if baseline not in BASELINES:
-        raise InputError("--baseline", f"must be one of {', '.join(BASELINES)} (got {baseline!r})")
-    if steps < MIN_STEPS:
-        raise InputError("--steps", f"must be an int >= {MIN_STEPS}: the warm-up step and, on a CPU, the "
-                                    f"memory-profiled last step are left out of the rates (got {steps})")
-    if device is not None:
-        resolve_device(device)  # an unknown GPU name is bad input, not a row to skip
-    check_output_directory("--out", out, BENCH_RESULTS_BYTES)  # before the first row, not after it
+    follow at the end. `base_knobs` are set on every rung before the rung's own knobs.
+
+    Each row runs `repeat` times (default 3 on a GPU, 1 on a CPU, where the run's timed
+    steps give the spread); the row holds every run, the median rates and their spread
+    (bench/repeats.py), and each trainwise row the ratio to the Trainer's only where it
+    can be trusted (bench/baseline_ratio.py)."""
+    _check_arguments(baseline, steps, repeat, device, out)
     device_type = _device_type(device)
+    repeat = repeat or DEFAULT_REPEAT[device_type]
     ladder = ladder or DEFAULT_LADDERS[device_type]
     default_name, default_knobs = DEFAULT_MODELS[device_type]
     if model is None:
@@ -82,26 +88,46 @@ def bench(model: str | None = None, ladder: str | None = None, *, steps: int = 1
                         continue
                     job = RowJob(rung.name, rung.plan, engine, model, steps, TIMING_WARMUP_STEPS, seed, task,
                                  Path(scratch), timeout_s)
-                    row = _run(job, predicted)
+                    row = _run(job, predicted, repeat)
                     row["model"] = model
                     results[(rung.name, engine)] = row
+                    add_baseline_ratios(_in_order(results, order))
                     save_results(out, _in_order(results, order))
                     if on_row:
                         on_row(row)
     finally:
         rows = _in_order(results, order)
         if rows:
-            _save_summaries(rows, out, model, ladder, steps, device, base_knobs or {}, device_type)
+            _save_summaries(rows, out, model, ladder, f"--steps {steps} --repeat {repeat}", device,
+                            base_knobs or {}, device_type)
     return rows
 
 
-def _run(job: RowJob, predicted: Callable[[], tuple]) -> dict:
-    """One row: skipped up front when this machine cannot run it, else run in a fresh process."""
+def _check_arguments(baseline: str, steps: int, repeat: int | None, device: str | None, out) -> None:
+    """Bad arguments are refused before the first row, not after it."""
+    if baseline not in BASELINES:
+        raise InputError("--baseline", f"must be one of {', '.join(BASELINES)} (got {baseline!r})")
+    if steps < MIN_STEPS:
+        raise InputError("--steps", f"must be an int >= {MIN_STEPS}: the warm-up step and, on a CPU, the "
+                                    f"memory-profiled last step are left out of the rates (got {steps})")
+    if repeat is not None and (isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1):
+        raise InputError("--repeat", f"must be an int >= 1 (got {repeat!r})")
+    if device is not None:
+        resolve_device(device)  # an unknown GPU name is bad input, not a row to skip
+    check_output_directory("--out", out, BENCH_RESULTS_BYTES)
+
+
+def _run(job: RowJob, predicted: Callable[[], tuple], repeat: int) -> dict:
+    """One row: skipped up front when this machine cannot run it, else run `repeat` times,
+    each in a fresh process, the machine's load checked before each."""
     reason = _cannot_run_here(job.plan)
     if reason:
         return empty_row(job.name, row_plan(job.plan), job.engine, "skipped", reason)
     estimate_memory, note = predicted()
-    row = run_row(job, estimate_memory)
+    on_cpu = _device_type(job.plan.device) == "cpu"
+    # A CPU row wants every core; a GPU row about one, to drive the GPU.
+    row = run_repeatedly(lambda: run_row(job, estimate_memory), repeat,
+                         lambda: busy_machine(job.plan.device, needs_cpus=None if on_cpu else 1))
     if note:
         row["notes"].append(note)
     return row
@@ -146,13 +172,13 @@ def _in_order(results: dict, order: list[tuple[str, str]]) -> list[dict]:
     return [results[key] for key in order if key in results]
 
 
-def _save_summaries(rows: list[dict], out: Path, model: str, ladder: str, steps: int, device: str | None,
+def _save_summaries(rows: list[dict], out: Path, model: str, ladder: str, counts: str, device: str | None,
                     base_knobs: dict, device_type: str) -> None:
-    save_chart(rows, out / "chart.png", f"{model}: {Path(ladder).stem} ladder, {steps} steps per row "
+    save_chart(rows, out / "chart.png", f"{model}: {Path(ladder).stem} ladder ({counts}) "
                                          f"on {_device_name(device_type)}")
     flags = "".join(f" --{k.replace('_', '-')}" + ("" if v is True else f" {v}")
                     for k, v in base_knobs.items() if v is not False)
-    command = f"trainwise bench {model} --ladder {ladder} --steps {steps}{flags}" + (
+    command = f"trainwise bench {model} --ladder {ladder} {counts}{flags}" + (
         f" --device {device}" if device else "")
     atomic_write_text(out / "results.md", results_markdown(rows, command, _device_name(device_type)))
 

@@ -1,5 +1,6 @@
 """The bench chart: per row, measured peak memory (bars) with the prediction (markers),
-and throughput; trainwise and the Trainer baseline side by side."""
+and throughput (the median, with whiskers from the slowest to the fastest sample); trainwise
+and the Trainer baseline side by side. It shows no ratio: the table says when one is trusted."""
 
 from __future__ import annotations
 
@@ -34,13 +35,14 @@ def save_chart(rows: list[dict], path: Path, title: str) -> Path:
         memory_axis.bar(xs, measured, width, label=f"{label}: measured peak")
         if engine == "trainwise":
             memory_axis.scatter(xs, predicted, marker="D", color="black", zorder=3, label="predicted peak")
-        speed_axis.bar(xs, speed, width, label=label)
+        speed_axis.bar(xs, speed, width, label=label, yerr=_whiskers([by_name.get(n) for n in names], speed),
+                       capsize=3)
         for x, n in zip(xs, names):
             status = (by_name.get(n) or {}).get("status")
             if status and status != "ok":
                 memory_axis.annotate(status, (x, 0), rotation=90, ha="center", va="bottom", fontsize=8)
     memory_axis.set_ylabel("peak allocated (MiB, measured)")
-    speed_axis.set_ylabel("samples/s (measured)")
+    speed_axis.set_ylabel("samples/s (measured, median; min-max)")
     speed_axis.set_xticks(range(len(names)), names, rotation=30, ha="right")
     memory_axis.legend(fontsize=8)
     speed_axis.legend(fontsize=8)
@@ -51,6 +53,16 @@ def save_chart(rows: list[dict], path: Path, title: str) -> Path:
     plt.close(figure)
     atomic_write_bytes(path, buffer.getvalue())
     return path
+
+
+def _whiskers(rows: list[dict | None], medians: list[float]) -> list[list[float]]:
+    """Below and above each bar: from the row's slowest to its fastest sample (none without a spread)."""
+    low, high = [], []
+    for row, median in zip(rows, medians):
+        spread = (row or {}).get("spread") or {}
+        low.append(max(0.0, median - spread["min"]) if spread.get("min") else 0.0)
+        high.append(max(0.0, spread["max"] - median) if spread.get("max") else 0.0)
+    return [low, high]
 
 
 def _memory(row: dict | None):

@@ -15,7 +15,8 @@ from trainwise.common.errors import InputError
 JSON_FILE, CSV_FILE = "results.json", "results.csv"
 CSV_COLUMNS = ["name", "engine", "status", "reason", "time_s", "samples_per_s", "tokens_per_s", "mfu",
                *[f"measured_{k}" for k in MEMORY_KEYS], *[f"predicted_{k}" for k in MEMORY_KEYS],
-               "error_pct_peak_allocated", "error_pct_device_total", "memory_method", "model", "plan", "notes"]
+               "error_pct_peak_allocated", "error_pct_device_total", "memory_method", "model", "plan", "notes",
+               "spread_pct", "samples", "busy", "vs_baseline_ratio", "vs_baseline_withheld"]
 
 
 def save_results(out: Path, rows: list[dict]) -> None:
@@ -55,5 +56,10 @@ def _csv(rows: list[dict]) -> str:
                     error_pct_device_total=row["error_pct"].get("device_total"),
                     memory_method=row.get("memory_method"), model=row.get("model"),
                     plan=json.dumps(row.get("plan", {})), notes="; ".join(row.get("notes") or []))
+        # The spread and its samples (samples/s, measured), and the ratio or why it was withheld.
+        spread, ratio = row.get("spread") or {}, row.get("vs_baseline") or {}
+        flat.update(spread_pct=spread.get("spread_pct"), samples=json.dumps(spread.get("samples", [])),
+                    busy=row.get("busy"), vs_baseline_ratio=ratio.get("ratio"),
+                    vs_baseline_withheld=ratio.get("withheld"))
         writer.writerow(flat)
     return buffer.getvalue()

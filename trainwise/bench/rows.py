@@ -30,6 +30,7 @@ def row_from_summary(name: str, plan: dict, engine: str, summary: dict, predicte
         row[key] = summary.get(key)
     row["measured"] = {k: summary.get(k) for k in MEMORY_KEYS}
     row["memory_method"] = summary.get("memory_method")
+    row["step_times_s"] = summary.get("step_times_s")  # each timed step's seconds (bench/repeats.py)
     if predicted:
         row["predicted"] = {k: predicted.get(k) for k in MEMORY_KEYS}
         row["error_pct"] = {k: error_pct(row["predicted"][k], row["measured"][k])

@@ -18,6 +18,9 @@ def register(commands) -> None:
                                                        "entries (default: default on a GPU, quick on a CPU)")
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps per row; the first is "
                                                               "warm-up, left out of the rates (default: 10)")
+    parser.add_argument("--repeat", type=int, default=None,
+                        help="runs per row, each a fresh process; the table shows the median and spread "
+                             "(default: 3 on a GPU; 1 on a CPU, where the spread is over the run's timed steps)")
     parser.add_argument("--out", default="bench-results",
                         help="directory for results.json, results.csv, results.md and chart.png "
                              "(default: bench-results)")
@@ -48,7 +51,7 @@ def run(args) -> int:
         console.width = max(console.width, 132)  # a log file has room for the whole table
     rows = bench(args.model, args.ladder, steps=args.steps, out=args.out, baseline=args.baseline,
                  resume=args.resume, device=device, task=args.task, seed=args.seed, base_knobs=knobs,
-                 on_row=lambda row: render_row(row, console))
+                 on_row=lambda row: render_row(row, console), repeat=args.repeat)
     if args.json:
         print_json(rows)
     else:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from trainwise.bench.baseline_ratio import baseline_ratio
+from trainwise.common.noise import SPREAD_LIMIT, spread_text
 from trainwise.common.units import bytes_or_na, signed_percent
 
 
@@ -12,8 +14,9 @@ def render_row(row: dict, console: Console) -> None:
     """One progress line as each row finishes."""
     figures = ""
     if row["status"] == "ok":
-        figures = (f"{_num(row.get('samples_per_s'), ',.1f')} samples/s, "
-                   f"peak {bytes_or_na(row['measured'].get('peak_allocated'))} (measured)")
+        figures = (f"{_num(row.get('samples_per_s'), ',.1f')} samples/s{_spread_note(row)}, "
+                   f"peak {bytes_or_na(row['measured'].get('peak_allocated'))} (measured)"
+                   + (f"; {row['busy']}" if row.get("busy") else ""))
     console.print(f"{row['status']:<8} {row['engine']:<10} {row['name']:<24} {figures}{row.get('reason') or ''}",
                   highlight=False, markup=False)
 
@@ -24,7 +27,8 @@ def render_bench(rows: list[dict], console: Console, out) -> None:
     measured_total = any(r["measured"].get("device_total") is not None for r in rows)
     has_mfu = any(r.get("mfu") is not None for r in rows)
     baseline = {r["name"]: r for r in rows if r["engine"] == "hf-trainer"}
-    columns = ["row", "engine", "status", "time (s)", "samples/s", "tokens/s"] + (["MFU"] if has_mfu else []) + [
+    columns = ["row", "engine", "status", "time (s)", "samples/s\n(median)", "spread", "tokens/s"] + (
+        ["MFU"] if has_mfu else []) + [
         "peak alloc\nmeasured", "peak alloc\npredicted", "error"]
     if measured_reserved:
         columns += ["reserved\nmeasured", "reserved\npredicted"]
@@ -41,7 +45,7 @@ def render_bench(rows: list[dict], console: Console, out) -> None:
         measured, predicted, error = row["measured"], row["predicted"], row["error_pct"]
         cells = [row["name"], "trainwise" if row["engine"] == "trainwise" else "HF Trainer",
                  _status(row, reasons), _num(row.get("time_s"), ".1f"), _num(row.get("samples_per_s"), ",.1f"),
-                 _num(row.get("tokens_per_s"), ",.0f")]
+                 _spread_cell(row), _num(row.get("tokens_per_s"), ",.0f")]
         if has_mfu:
             cells.append(f"{100 * row['mfu']:.1f} %" if row.get("mfu") is not None else "n/a")
         cells += [bytes_or_na(measured.get("peak_allocated")), bytes_or_na(predicted.get("peak_allocated")),
@@ -52,7 +56,7 @@ def render_bench(rows: list[dict], console: Console, out) -> None:
             cells += [bytes_or_na(measured.get("device_total")), bytes_or_na(predicted.get("device_total")),
                       signed_percent(error.get("device_total"))]
         if baseline:
-            cells.append(_ratio(row, baseline.get(row["name"])))
+            cells.append(_ratio(row, baseline.get(row["name"]), reasons))
         table.add_row(*cells)
     console.print(table)
     for number, reason in enumerate(reasons, 1):
@@ -68,9 +72,13 @@ def _explain(rows: list[dict], console: Console, has_device_figures: bool, has_b
     if not has_device_figures:
         console.print("peak reserved and device total: n/a, this device reports no allocator cache or "
                       "context to measure", highlight=False, markup=False)
+    console.print("samples/s: the median of the row's samples (each run's rate with --repeat above 1, else each "
+                  "timed step's); spread = (max - min) / median of them (from 5 samples on, the fastest and "
+                  "slowest left out); measured", highlight=False, markup=False)
     if has_baseline:
-        console.print("vs HF Trainer: trainwise samples/s divided by the Trainer's for the same row "
-                      "(above 1.00x: trainwise is faster)", highlight=False, markup=False)
+        console.print("vs HF Trainer: trainwise's median samples/s over the Trainer's for the same row (above "
+                      f"1.00x: trainwise is faster), shown only when both spreads are at most "
+                      f"{spread_text(SPREAD_LIMIT)} and the machine was not busy", highlight=False, markup=False)
     notes = sorted({note for r in rows for note in r.get("notes") or []})
     for note in notes:
         console.print(f"note: {note}", highlight=False, markup=False)
@@ -82,15 +90,37 @@ def _status(row: dict, reasons: list[str]) -> str:
     """The status, with a footnote number for its reason (reasons are long)."""
     if row["status"] == "ok" or not row.get("reason"):
         return row["status"]
-    if row["reason"] not in reasons:
-        reasons.append(row["reason"])
-    return f"{row['status']} [{reasons.index(row['reason']) + 1}]"
+    return f"{row['status']} {_footnote(row['reason'], reasons)}"
 
 
-def _ratio(row: dict, other: dict | None) -> str:
-    if row["engine"] != "trainwise" or not other or not row.get("samples_per_s") or not other.get("samples_per_s"):
+def _footnote(reason: str, reasons: list[str]) -> str:
+    if reason not in reasons:
+        reasons.append(reason)
+    return f"[{reasons.index(reason) + 1}]"
+
+
+def _ratio(row: dict, other: dict | None, reasons: list[str]) -> str:
+    """The ratio, or "not shown [n]" with the footnote saying why (busy machine, spread)."""
+    ratio = baseline_ratio(row, other)
+    if ratio is None:
         return ""
-    return f"{row['samples_per_s'] / other['samples_per_s']:.2f}x"
+    if ratio.value is None:
+        return "not shown " + _footnote(f"vs HF Trainer not shown: {ratio.withheld}", reasons)
+    return ratio.text()
+
+
+def _spread_cell(row: dict) -> str:
+    spread = row.get("spread")
+    if not spread or spread["spread_pct"] is None:
+        return "n/a"
+    return f"{spread['spread_pct']:.0f} %"
+
+
+def _spread_note(row: dict) -> str:
+    spread = row.get("spread")
+    if not spread or spread["spread_pct"] is None:
+        return ""
+    return f" (median of {spread['n']} {spread['over']}, spread {spread['spread_pct']:.0f} %)"
 
 
 def _num(value, spec: str) -> str:

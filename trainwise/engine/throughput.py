@@ -33,7 +33,8 @@ class StepTimer:
 
     def summary(self, total_time_s: float) -> dict:
         """time_s (the whole run, seconds), the rates over the timed steps, the mean
-        step time (seconds) and how many steps were timed. With no timed step (a run
+        step time (seconds), how many steps were timed and each timed step's seconds
+        (`step_times_s`, so a reader can judge their spread). With no timed step (a run
         shorter than its warm-up) the rates use every step and `rates_include_warmup`
         says so."""
         durations = self.timed or self.untimed
@@ -44,4 +45,5 @@ class StepTimer:
                 "mfu": self.mfu_for(per_step) if per_step else None,
                 "step_time_s": per_step,
                 "timed_steps": len(self.timed),
+                "step_times_s": [round(seconds, 6) for seconds in self.timed],
                 "rates_include_warmup": not self.timed}
