@@ -10,7 +10,6 @@ what is written back into the device profile is trainwise/planner/corrections.py
 
 from __future__ import annotations
 
-import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 from trainwise.bench import runner
 from trainwise.bench.runner import RowJob
 from trainwise.common.errors import InputError
+from trainwise.common.noise import busy_machine
 from trainwise.hardware.detect import detect_gpus
 from trainwise.hardware.device import Device
 from trainwise.planner.candidate import Candidate
@@ -28,9 +28,6 @@ from trainwise.planner.verdict import decide, samples_per_step
 # the plan command). Verify runs a few steps, so this is far above a healthy run.
 RUN_TIMEOUT_S = 900.0
 SEED = 0
-# A machine whose one-minute load average is above this share of its CPUs is busy: other
-# processes compete with the runs, and their timings say as much about them as the plan.
-BUSY_LOAD_PER_CPU = 0.75
 
 
 @dataclass(frozen=True)
@@ -124,7 +121,7 @@ def verify_candidates(model: str, candidates: list[Candidate], *, steps: int, ti
     decide the measured best; write the measured/predicted step-time ratios into the
     device profile (`profile_path`, else the per-user cache for `device`)."""
     check_verify_request(candidates, steps=steps, timing_warmup=timing_warmup, repeat=repeat, device=device)
-    busy = _busy_machine()  # before the runs: the runs themselves load the CPU
+    busy = _busy_machine(device.kind)  # before the runs: the runs themselves load the CPU
     entries = tuple(_verify_one(model, rank, candidate, steps=steps, timing_warmup=timing_warmup, repeat=repeat,
                                 workdir=Path(workdir), task=task)
                     for rank, candidate in enumerate(candidates, 1))
@@ -208,23 +205,9 @@ def _run_message(row: dict, attempt: int, repeat: int) -> str:
     return reason if attempt == 1 else f"run {attempt} of {repeat}: {reason} (earlier runs were ok)"
 
 
-def _busy_machine() -> str | None:
-    """A line saying the machine is busy, or None. The load average counts runnable
-    processes: above BUSY_LOAD_PER_CPU per CPU, other work shares the CPUs with the runs
-    (on a GPU too: the host dispatches every kernel). Other processes on a GPU are not
-    looked for here."""
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return None  # no load average on this platform: nothing to say
-    cpus = os.cpu_count() or 1
-    # This process was just searching plans: up to one of the load is its own.
-    others = max(0.0, load - 1.0)
-    if others > BUSY_LOAD_PER_CPU * cpus:
-        return (f"the machine was busy (load average {load:.1f} on {cpus} CPUs, this process counted as 1): "
-                "timings include other work")
-    return None
-
+def _busy_machine(device_kind: str) -> str | None:
+    """Why timings taken now would be disturbed, or None (trainwise/common/noise.py)."""
+    return busy_machine(device_kind)
 
 
 def report_to_json(report: VerifyReport) -> dict:
