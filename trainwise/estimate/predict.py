@@ -60,7 +60,22 @@ def _extrapolated_memory(traces: list, fit: DepthFit, device: Device) -> tuple[M
     at_peak = memory.phase_at_peak.get(memory.peak_phase)
     if at_peak:
         memory = dataclasses.replace(memory, at_peak=at_peak, temporary=at_peak.get("temporary", 0))
+    if not fit.uniform and device.is_cuda:
+        memory = _reserved_of_repeated_blocks(memory, traces, fit, device)
     return dataclasses.replace(memory, phase_at_peak={}), "line"
+
+
+def _reserved_of_repeated_blocks(memory: MemoryEstimate, traces: list, fit: DepthFit,
+                                 device: Device) -> MemoryEstimate:
+    """Peak reserved where blocks differ by design: what the caching allocator keeps is not
+    a line in depth (which cached block serves a request), so it is taken from the
+    3-block timeline written out at full depth as if every block were of block 1's kind,
+    plus the bytes by which the per-kind peak allocated differs from that timeline's."""
+    repeated = _repeated_blocks(traces[0][0], traces[1][0], fit.target, device)
+    if repeated is None:
+        return memory
+    reserved = max(repeated.peak_reserved + memory.peak_allocated - repeated.peak_allocated, memory.peak_allocated)
+    return dataclasses.replace(memory, peak_reserved=reserved, device_total=reserved + memory.context)
 
 
 def extrapolate_count(small: int, large: int, small_n: int, large_n: int, target: int) -> int:
