@@ -59,7 +59,7 @@ def _relative_errors(family: str, model_dirs, device: str, knobs: dict,
     spec = resolve_model(str(model_dirs / family))
     plan = Plan.from_dict({"batch_size": BATCH, "seq_len": SEQ, "device": device, **knobs})
     result = estimate(spec, plan)
-    assert result.traced_blocks is not None and result.total_blocks == LAYERS  # really extrapolated
+    assert result.total_blocks == LAYERS and result.extrapolation == "per-kind"  # really extrapolated
     full_trace, full, _ = predict._trace(spec, plan, resolve_device(device))
     errors = {key: (getattr(result.memory, key) - getattr(full, key)) / getattr(full, key)
               for key in keys if getattr(full, key)}
@@ -106,3 +106,12 @@ def test_extrapolated_flops_equal_a_full_count(family, model_dirs):
     the line through 2 and 3 blocks read it 0.07 % low.)"""
     extrapolated, full = _flop_counts(family, model_dirs)
     assert extrapolated == full
+
+
+def test_the_parameter_count_under_a_layout_counts_each_layer_kind(model_dirs):
+    """The per-rank estimate counts the whole model's parameters from a few blocks too; a
+    line through 1 and 2 blocks of Qwen2-MoE (dense, sparse) read every layer as sparse."""
+    spec = resolve_model(str(model_dirs / "qwen2_moe"))
+    result = estimate(spec, Plan.from_dict({"batch_size": 1, "seq_len": 16, "device": "cpu", "nproc": 2}))
+    model = build_model_with_notes(spec, "meta", attention="sdpa", batch_size=1, seq_len=16).model
+    assert result.layout is not None and result.params == sum(p.numel() for p in model.parameters())

@@ -5,8 +5,8 @@ A model with more than a few identical blocks is traced at 2 and 3 blocks
 replayed where the blocks repeat cleanly, else a line through the two traces' figures
 (trainwise/estimate/extrapolate.py). Blocks that differ by design (Gemma's sliding and
 full attention layers...) are traced at one more depth per extra layer kind and each
-figure is read per kind (trainwise/trace/layer_pattern.py, `depth_fit`). The per-rank estimate (layout_estimate.py) runs this
-on each rank's workload."""
+figure is read per kind (trainwise/trace/layer_pattern.py, `depth_fit`). The per-rank
+estimate (layout_estimate.py) runs this on each rank's workload."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ def one_device_estimate(spec: ModelSpec, plan: Plan, device: Device, reshape=Non
 
 def _extrapolated_memory(traces: list, fit: DepthFit, device: Device) -> tuple[MemoryEstimate, str]:
     """Memory at full depth from the traces at `fit.depths`: the 3-block timeline repeated
-    where the blocks repeat cleanly, else each figure read per layer kind ("line")."""
+    where the blocks repeat cleanly, else a line through 2 and 3 blocks ("line"), or each
+    figure read per layer kind where blocks differ by design ("per-kind")."""
     if fit.uniform:
         memory = _repeated_blocks(traces[0][0], traces[1][0], fit.target, device)
         if memory is not None:
@@ -62,7 +63,7 @@ def _extrapolated_memory(traces: list, fit: DepthFit, device: Device) -> tuple[M
         memory = dataclasses.replace(memory, at_peak=at_peak, temporary=at_peak.get("temporary", 0))
     if not fit.uniform and device.is_cuda:
         memory = _reserved_of_repeated_blocks(memory, traces, fit, device)
-    return dataclasses.replace(memory, phase_at_peak={}), "line"
+    return dataclasses.replace(memory, phase_at_peak={}), "line" if fit.uniform else "per-kind"
 
 
 def _reserved_of_repeated_blocks(memory: MemoryEstimate, traces: list, fit: DepthFit,

@@ -9,6 +9,9 @@ from trainwise.hardware import Device
 from trainwise.plan.plan import Plan
 
 
+_METHODS = {"repeated": "repeating blocks", "per-kind": "layer kind"}
+
+
 @dataclass(frozen=True)
 class EstimateResult:
     """A prediction for one plan on one device. Memory in bytes; counts in parameters."""
@@ -28,8 +31,9 @@ class EstimateResult:
     notes: tuple[str, ...] = field(default=())
     # How the traced blocks were extrapolated: "repeated" (the 3-block timeline written out
     # at full depth and replayed), "line" (figures on a line through the 2- and 3-block
-    # results, or read per layer kind, where the blocks do not repeat cleanly), None when
-    # not extrapolated.
+    # results, where the blocks do not repeat cleanly), "per-kind" (blocks that differ by
+    # design: each figure read per layer kind, trainwise/trace/depth.py), None when not
+    # extrapolated.
     extrapolation: str | None = None
     # Under a parallel layout: the degrees, and every pipeline rank's figures (`memory` is
     # rank 0's); None on one device.
@@ -59,6 +63,6 @@ class EstimateResult:
                 **({"layout": self.layout} if self.layout else {}),
                 "method": "predicted: traced on fake tensors" + (
                     f" ({self.traced_text} blocks, extrapolated"
-                    f" by {'repeating blocks' if self.extrapolation == 'repeated' else 'a line'})"
+                    f" by {_METHODS.get(self.extrapolation, 'a line')})"
                     if self.traced_blocks else ""),
                 "notes": list(self.notes)}

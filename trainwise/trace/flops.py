@@ -18,8 +18,9 @@ FLOPs are linear in the number of identical blocks (each block does the same mat
 the same shapes), so a deep model is counted with 2 and 3 blocks and the line through
 those two counts is read at the real depth (trainwise/trace/depth.py), forward and
 backward separately; blocks that differ by design (sliding and full attention...) are
-counted at one more depth per extra layer kind and read per kind; this keeps an 8B model at seq 4096 to about a second. The test suite
-checks the extrapolation equals a full count."""
+counted at one more depth per extra layer kind and read per kind. This keeps an 8B model
+at seq 4096 to about a second. The test suite checks the extrapolation equals a full
+count."""
 
 from __future__ import annotations
 

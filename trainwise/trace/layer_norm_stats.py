@@ -15,10 +15,18 @@ is small: one float per row of the input."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 _LOWER = (torch.bfloat16, torch.float16)
+
+
+def layer_norm_statistics(target_device_type: str, low_precision: bool):
+    """The mode for a trace; nothing when no tensor can be bf16/fp16 (`low_precision`
+    False: fp32 weights, no autocast), so those traces run as fast as before."""
+    return LayerNormStatistics(target_device_type) if low_precision else contextlib.nullcontext()
 
 
 class LayerNormStatistics(TorchDispatchMode):
