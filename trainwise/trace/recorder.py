@@ -55,6 +55,9 @@ class AllocationRecorder(TorchDispatchMode):
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._on_save, _identity)
         self._existence_answers: weakref.WeakSet = weakref.WeakSet()
         self._recording = False
+        # op -> fix(outputs, *args, **kwargs): outputs as the target device's kernel returns
+        # them where the fake kernel differs (trainwise/trace/layer_norm_stats.py)
+        self.output_fixes: dict = {}
 
     def bool_read_answer(self, tensor: torch.Tensor) -> bool:
         """A fake boolean has no value, but model code branches on some. The batch a trace
@@ -70,6 +73,9 @@ class AllocationRecorder(TorchDispatchMode):
                 return self.bool_read_answer(args[0])
             return _stand_in_scalar(args[0].dtype)
         out = func(*args, **(kwargs or {}))
+        fix = self.output_fixes.get(func)
+        if fix is not None:
+            out = fix(out, *args, **(kwargs or {}))
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         if func.overloadpacket in _EXISTENCE_QUESTIONS:
             self._existence_answers.update(outputs)
