@@ -87,7 +87,7 @@ def test_time_extrapolated_from_two_and_three_blocks_equals_a_full_trace():
     spec, plan = _spec(6), _plan()
     extrapolated = estimate(spec, plan, profile=PROFILE)
     assert extrapolated.traced_blocks == (2, 3)
-    full = predict_step_time([_trace(spec, plan, CPU)[0]], None, 6, plan, CPU, PROFILE, spec.name)
+    full = predict_step_time([_trace(spec, plan, CPU)[0]], None, plan, CPU, PROFILE, spec.name)
     assert extrapolated.time.step_s == pytest.approx(full.step_s, rel=0.01)
     for category in COMPUTE + ("optimizer", "host_overhead"):
         assert extrapolated.time.breakdown[category] == pytest.approx(full.breakdown[category], rel=0.01)

@@ -71,8 +71,7 @@ def _headline(result: EstimateResult) -> str:
         knobs.append("grad-ckpt")
     if plan.lora:
         knobs.append(f"LoRA r={plan.lora_rank}")
-    traced = (f"; traced {result.traced_blocks[0]} and {result.traced_blocks[1]} of {result.total_blocks} blocks,"
-              " extrapolated" if result.traced_blocks else "")
+    traced = f"; traced {result.traced_text} blocks, extrapolated" if result.traced_blocks else ""
     layout = f"\nlayout: {result.layout['description']}, shown for rank 0" if result.layout else ""
     return (f"[bold]{result.model}[/] ({result.task}): {result.params:,} parameters "
             f"({human_count(result.trainable_params)} trainable){traced}\n"
@@ -111,7 +110,9 @@ def _fit_line(result: EstimateResult) -> str:
 def _module_table(result: EstimateResult) -> Table:
     title = "Activations saved for backward, by the module that produced them (bytes, predicted)"
     if result.traced_blocks:
-        title += f"; blocks of the {result.traced_blocks[1]}-block trace shown, each of the {result.total_blocks} holds the same"
+        title += f"; blocks of the {result.traced_blocks[1]}-block trace shown, " + (
+            f"each of the {result.total_blocks} holds the same" if len(result.traced_blocks) == 2
+            else f"the {result.total_blocks} differ by layer kind")
     table = Table(title=title, title_justify="left")
     table.add_column("module")
     table.add_column("saved", justify="right")

@@ -23,7 +23,9 @@ traces (`match_shared`).
 
 The 2-block trace also checks the method on each estimate: the 3-block trace shrunk to 2
 blocks must reproduce it event for event; where it does not, the figures fall back to a
-line through the 2- and 3-block results (`extrapolate_dataclass`).
+line through the 2- and 3-block results (`extrapolate_dataclass`). Blocks that differ by
+design are not written out: their figures are read per layer kind (`extrapolate_dataclass`
+with the depths trainwise/trace/depth.py `depth_fit` chose).
 tests/test_extrapolation.py compares both with full traces."""
 
 from __future__ import annotations
@@ -34,23 +36,22 @@ from collections import Counter
 from typing import NamedTuple
 
 from trainwise.trace.blocks import NO_BLOCK
-from trainwise.trace.depth import TRACED_BLOCKS, extrapolate_int
+from trainwise.trace.depth import TRACED_BLOCKS, DepthFit, extrapolate_by_kind
 from trainwise.trace.recorder import ALLOC, StorageRecord
 from trainwise.trace.step_trace import StepTrace
 
 
-def extrapolate_dataclass(small, large, small_blocks: int, large_blocks: int, target_blocks: int):
-    """Extrapolate every int field (and int values of dict fields) of a frozen dataclass;
-    other fields are taken from the larger trace."""
+def extrapolate_dataclass(traced: list, fit: DepthFit):
+    """Read every int field (and int values of dict fields) of a frozen dataclass at full
+    depth from one instance per traced depth (`extrapolate_by_kind`: a line through 2 and
+    3 blocks, or per layer kind); other fields are taken from the deepest trace."""
+    deepest = traced[-1]
     changes = {}
-    for f in dataclasses.fields(large):
-        a, b = getattr(small, f.name), getattr(large, f.name)
-        if isinstance(b, int) and not isinstance(b, bool):
-            changes[f.name] = extrapolate_int(a, b, small_blocks, large_blocks, target_blocks)
-        elif isinstance(b, dict):
-            changes[f.name] = {k: extrapolate_int(a.get(k, 0), v, small_blocks, large_blocks, target_blocks)
-                               if isinstance(v, int) else v for k, v in b.items()}
-    return dataclasses.replace(large, **changes)
+    for f in dataclasses.fields(deepest):
+        value = getattr(deepest, f.name)
+        if (isinstance(value, int) and not isinstance(value, bool)) or isinstance(value, dict):
+            changes[f.name] = extrapolate_by_kind([getattr(t, f.name) for t in traced], fit)
+    return dataclasses.replace(deepest, **changes)
 
 
 # ----------------------------------------------------------------- synthesised timelines

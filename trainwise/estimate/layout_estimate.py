@@ -20,7 +20,8 @@ from trainwise.models import ModelSpec, build_model_with_notes, count_parameters
 from trainwise.models.families.checks import check_model_layout
 from trainwise.plan.layout import Layout, resolve_layout
 from trainwise.plan.plan import Plan
-from trainwise.trace.depth import block_count, with_blocks
+from trainwise.trace.depth import block_count, depth_fit, extrapolate_by_kind, with_blocks
+from trainwise.trace.layer_pattern import layer_pattern
 
 
 def layout_estimate(spec: ModelSpec, plan: Plan, device: Device,
@@ -89,15 +90,24 @@ def _summary(layout: Layout, ranks: list[dict]) -> dict:
 
 def _counts(spec: ModelSpec, plan: Plan, device: Device) -> tuple[int, int]:
     """(parameters, trainable parameters) of the whole model, from meta builds of one and
-    two blocks (blocks are identical)."""
+    two blocks where blocks are identical, else of the depths `depth_fit` traces (blocks
+    that differ by design: trainwise/trace/depth.py) or of the whole model."""
     from trainwise.step import precision_policy
     from trainwise.step.recipe import prepare_model
 
+    fit = depth_fit(spec.config)
+    blocks = block_count(spec.config) or 1
+    depths = (1, 2) if fit is None or fit.uniform else fit.depths
+    if fit is None and not layer_pattern(spec.config, blocks).uniform:
+        depths = (blocks,)
     counts = []
-    for n in (1, 2):
+    for n in depths:
         built = build_model_with_notes(dataclasses.replace(spec, config=with_blocks(spec.config, n)), "meta",
                                        attention=plan.attention, batch_size=plan.batch_size, seq_len=plan.seq_len)
         model = prepare_model(built.model, plan, precision_policy(plan.precision, device.kind), spec.task)
         counts.append((count_parameters(model), count_parameters(model, trainable_only=True)))
-    blocks = block_count(spec.config) or 1
-    return tuple(extrapolate_count(one, two, 1, 2, blocks) for one, two in zip(*counts))
+    if len(depths) == 1:
+        return counts[0]
+    if depths == (1, 2):
+        return tuple(extrapolate_count(one, two, 1, 2, blocks) for one, two in zip(*counts))
+    return tuple(extrapolate_by_kind(list(values), fit) for values in zip(*counts))

@@ -3,8 +3,10 @@
 A model with more than a few identical blocks is traced at 2 and 3 blocks
 (trainwise/trace/depth.py) and read at full depth: the 3-block timeline repeated and
 replayed where the blocks repeat cleanly, else a line through the two traces' figures
-(trainwise/estimate/extrapolate.py). The per-rank estimate (layout_estimate.py) runs this
-on each rank's workload."""
+(trainwise/estimate/extrapolate.py). Blocks that differ by design (Gemma's sliding and
+full attention layers...) are traced at one more depth per extra layer kind and each
+figure is read per kind (trainwise/trace/layer_pattern.py, `depth_fit`). The per-rank
+estimate (layout_estimate.py) runs this on each rank's workload."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from trainwise.hardware import Device
 from trainwise.hardware.profile import DeviceProfile
 from trainwise.models import ModelSpec, build_model_with_notes, example_batch
 from trainwise.plan.plan import Plan
-from trainwise.trace.depth import TRACED_BLOCKS, block_count, should_extrapolate, with_blocks
+from trainwise.trace.depth import TRACED_BLOCKS, DepthFit, block_count, depth_fit, extrapolate_by_kind, with_blocks
 from trainwise.trace.step_trace import StepTrace, trace_training_step
 
 
@@ -29,29 +31,58 @@ def one_device_estimate(spec: ModelSpec, plan: Plan, device: Device, reshape=Non
     """The traced one-device estimate; `reshape` changes each built model first (the
     per-rank estimate's tensor-parallel shapes). With a `profile`, also the step time
     (trainwise/estimate/step_time.py; `chunks`: traced passes per micro-step)."""
-    blocks = block_count(spec.config)
-    if should_extrapolate(blocks):
-        small_n, large_n = TRACED_BLOCKS
-        small, large = (_trace(dataclasses.replace(spec, config=with_blocks(spec.config, n)), plan, device, reshape)
-                        for n in (small_n, large_n))
-        memory, extrapolation = _repeated_blocks(small[0], large[0], blocks, device), "repeated"
-        if memory is None:
-            memory, extrapolation = extrapolate_dataclass(small[1], large[1], small_n, large_n, blocks), "line"
-            # Per-phase compositions are not extrapolated: the per-rank estimate then
-            # rescales the overall peak's.
-            memory = dataclasses.replace(_at_least_allocated(_peak_from_phases(memory)), phase_at_peak={})
-        params = extrapolate_count(small[0].params, large[0].params, small_n, large_n, blocks)
-        trainable = extrapolate_count(small[0].trainable_params, large[0].trainable_params, small_n, large_n, blocks)
-        trace, notes, traced = large[0], large[2], (small_n, large_n)
-        time = predict_step_time([small[0], large[0]], traced, blocks, plan, device, profile, spec.name, chunks)
-    else:
+    fit = depth_fit(spec.config)
+    if fit is None:
         trace, memory, notes = _trace(spec, plan, device, reshape)
         params, trainable, traced, extrapolation = trace.params, trace.trainable_params, None, None
-        time = predict_step_time([trace], None, blocks, plan, device, profile, spec.name, chunks)
+        time = predict_step_time([trace], None, plan, device, profile, spec.name, chunks)
+    else:
+        traces = [_trace(dataclasses.replace(spec, config=with_blocks(spec.config, n)), plan, device, reshape)
+                  for n in fit.depths]
+        memory, extrapolation = _extrapolated_memory(traces, fit, device)
+        params = extrapolate_by_kind([t[0].params for t in traces], fit)
+        trainable = extrapolate_by_kind([t[0].trainable_params for t in traces], fit)
+        large = traces[fit.depths.index(TRACED_BLOCKS[1])]
+        trace, notes, traced = large[0], large[2], fit.depths
+        time = predict_step_time([t[0] for t in traces], fit, plan, device, profile, spec.name, chunks)
     return EstimateResult(model=spec.name, task=spec.task, params=params, trainable_params=trainable,
                           device=device, plan=plan, memory=memory,
                           activations_by_module=_activations_by_module(trace), traced_blocks=traced,
-                          total_blocks=blocks, notes=tuple(notes), extrapolation=extrapolation, time=time)
+                          total_blocks=fit.target if fit else block_count(spec.config), notes=tuple(notes),
+                          extrapolation=extrapolation, time=time)
+
+
+def _extrapolated_memory(traces: list, fit: DepthFit, device: Device) -> tuple[MemoryEstimate, str]:
+    """Memory at full depth from the traces at `fit.depths`: the 3-block timeline repeated
+    where the blocks repeat cleanly, else a line through 2 and 3 blocks ("line"), or each
+    figure read per layer kind where blocks differ by design ("per-kind")."""
+    if fit.uniform:
+        memory = _repeated_blocks(traces[0][0], traces[1][0], fit.target, device)
+        if memory is not None:
+            return memory, "repeated"
+    memory = _at_least_allocated(_peak_from_phases(extrapolate_dataclass([t[1] for t in traces], fit)))
+    # Per-phase compositions are not kept (the per-rank estimate then rescales the overall
+    # peak's), but the peak's is read from its phase's: with depth the peak can move to
+    # another phase than the traced depths had it in (from backward to the optimizer step).
+    at_peak = memory.phase_at_peak.get(memory.peak_phase)
+    if at_peak:
+        memory = dataclasses.replace(memory, at_peak=at_peak, temporary=at_peak.get("temporary", 0))
+    if not fit.uniform and device.is_cuda:
+        memory = _reserved_of_repeated_blocks(memory, traces, fit, device)
+    return dataclasses.replace(memory, phase_at_peak={}), "line" if fit.uniform else "per-kind"
+
+
+def _reserved_of_repeated_blocks(memory: MemoryEstimate, traces: list, fit: DepthFit,
+                                 device: Device) -> MemoryEstimate:
+    """Peak reserved where blocks differ by design: what the caching allocator keeps is not
+    a line in depth (which cached block serves a request), so it is taken from the
+    3-block timeline written out at full depth as if every block were of block 1's kind,
+    plus the bytes by which the per-kind peak allocated differs from that timeline's."""
+    repeated = _repeated_blocks(traces[0][0], traces[1][0], fit.target, device)
+    if repeated is None:
+        return memory
+    reserved = max(repeated.peak_reserved + memory.peak_allocated - repeated.peak_allocated, memory.peak_allocated)
+    return dataclasses.replace(memory, peak_reserved=reserved, device_total=reserved + memory.context)
 
 
 def extrapolate_count(small: int, large: int, small_n: int, large_n: int, target: int) -> int:

@@ -10,6 +10,9 @@ from trainwise.hardware import Device
 from trainwise.plan.plan import Plan
 
 
+_METHODS = {"repeated": "repeating blocks", "per-kind": "layer kind"}
+
+
 @dataclass(frozen=True)
 class EstimateResult:
     """A prediction for one plan on one device. Memory in bytes; counts in parameters."""
@@ -22,12 +25,16 @@ class EstimateResult:
     plan: Plan
     memory: MemoryEstimate
     activations_by_module: dict[str, int]  # saved-activation bytes per module (traced blocks)
-    traced_blocks: tuple[int, int] | None  # blocks really traced when extrapolated, else None
+    # Block counts really traced when extrapolated (2 and 3; one more per extra layer kind
+    # when blocks differ by design, trainwise/trace/depth.py), else None.
+    traced_blocks: tuple[int, ...] | None
     total_blocks: int | None
     notes: tuple[str, ...] = field(default=())
     # How the traced blocks were extrapolated: "repeated" (the 3-block timeline written out
     # at full depth and replayed), "line" (figures on a line through the 2- and 3-block
-    # results, where the blocks do not repeat cleanly), None when not extrapolated.
+    # results, where the blocks do not repeat cleanly), "per-kind" (blocks that differ by
+    # design: each figure read per layer kind, trainwise/trace/depth.py), None when not
+    # extrapolated.
     extrapolation: str | None = None
     # Under a parallel layout: the degrees, and every pipeline rank's figures (`memory` is
     # rank 0's); None on one device.
@@ -42,6 +49,13 @@ class EstimateResult:
         capacity = self.device.memory_bytes
         return None if capacity is None else self.memory.device_total <= capacity
 
+    @property
+    def traced_text(self) -> str:
+        """"2 and 3 of 32" (or "2, 3 and 6 of 26"): the depths traced, of the full depth."""
+        depths = [str(n) for n in self.traced_blocks or ()]
+        listed = ", ".join(depths[:-1]) + " and " + depths[-1] if len(depths) > 1 else "".join(depths)
+        return f"{listed} of {self.total_blocks}"
+
     def to_json(self) -> dict:
         capacity = self.device.memory_bytes
         memory = self.memory.to_json()
@@ -52,8 +66,8 @@ class EstimateResult:
                 "plan": self.plan.to_dict(), "memory": memory, "fits": self.fits,
                 **({"layout": self.layout} if self.layout else {}),
                 "method": "predicted: traced on fake tensors" + (
-                    f" ({self.traced_blocks[0]} and {self.traced_blocks[1]} of {self.total_blocks} blocks, extrapolated"
-                    f" by {'repeating blocks' if self.extrapolation == 'repeated' else 'a line'})"
+                    f" ({self.traced_text} blocks, extrapolated"
+                    f" by {_METHODS.get(self.extrapolation, 'a line')})"
                     if self.traced_blocks else ""),
                 "time": self._time_json(), "notes": list(self.notes)}
 

@@ -25,7 +25,7 @@ from typing import Sequence
 from trainwise.hardware import Device
 from trainwise.hardware.profile import DeviceProfile, Rate
 from trainwise.plan.plan import Plan
-from trainwise.trace.depth import extrapolate_int
+from trainwise.trace.depth import DepthFit, extrapolate_by_kind
 from trainwise.trace.op_costs import OpCosts
 from trainwise.trace.step_trace import StepTrace
 
@@ -62,17 +62,16 @@ class StepTime:
                 "correction": self.correction, "notes": list(self.notes)}
 
 
-def predict_step_time(traces: Sequence[StepTrace], traced_blocks: Sequence[int] | None, total_blocks: int | None,
-                      plan: Plan, device: Device, profile: DeviceProfile | None, model_name: str,
-                      chunks: int = 1) -> StepTime | None:
-    """The step time of `plan` from one full-depth trace (`traced_blocks` None), or from
-    traces of `traced_blocks` blocks each read at `total_blocks`. `chunks`: traced
-    forward-backward passes per micro-step (pipeline chunks of one rank). None without a
-    profile."""
+def predict_step_time(traces: Sequence[StepTrace], fit: DepthFit | None, plan: Plan, device: Device,
+                      profile: DeviceProfile | None, model_name: str, chunks: int = 1) -> StepTime | None:
+    """The step time of `plan` from one full-depth trace (`fit` None), or from traces at
+    `fit.depths` blocks read at full depth per layer kind (trainwise/trace/depth.py).
+    `chunks`: traced forward-backward passes per micro-step (pipeline chunks of one rank).
+    None without a profile."""
     if profile is None:
         return None
-    if traced_blocks:
-        costs = full_depth_costs([t.op_costs for t in traces], traced_blocks, total_blocks)
+    if fit is not None:
+        costs = full_depth_costs([t.op_costs for t in traces], fit)
     else:
         costs = traces[-1].op_costs
     weights = _micro_step_weights(plan.grad_accum, chunks)
@@ -81,13 +80,13 @@ def predict_step_time(traces: Sequence[StepTrace], traced_blocks: Sequence[int] 
     return _step_time(breakdown, model_flops, plan, device, profile, model_name, chunks)
 
 
-def full_depth_costs(costs: Sequence[OpCosts], traced_blocks: Sequence[int], total_blocks: int) -> OpCosts:
-    """Every row's sums on the line through the two traced depths, at `total_blocks`."""
-    (small, large), (small_n, large_n) = costs, traced_blocks
+def full_depth_costs(costs: Sequence[OpCosts], fit: DepthFit) -> OpCosts:
+    """Every row's sums read at full depth from the traced depths (time, like memory and
+    FLOPs, is a fixed part plus a per-block part for each layer kind)."""
     rows = {}
-    for key in {*small.rows, *large.rows}:
-        low, high = small.rows.get(key, [0, 0, 0, 0]), large.rows.get(key, [0, 0, 0, 0])
-        rows[key] = [max(0, extrapolate_int(a, b, small_n, large_n, total_blocks)) for a, b in zip(low, high)]
+    for key in {k for c in costs for k in c.rows}:
+        columns = zip(*(c.rows.get(key, [0, 0, 0, 0]) for c in costs))
+        rows[key] = [max(0, extrapolate_by_kind(list(values), fit)) for values in columns]
     return OpCosts(rows)
 
 

@@ -17,8 +17,10 @@ x sequence score matrix even under a causal mask.
 FLOPs are linear in the number of identical blocks (each block does the same matmuls on
 the same shapes), so a deep model is counted with 2 and 3 blocks and the line through
 those two counts is read at the real depth (trainwise/trace/depth.py), forward and
-backward separately; this keeps an 8B model at seq 4096 to about a second. The test suite
-checks the extrapolation equals a full count."""
+backward separately; blocks that differ by design (sliding and full attention...) are
+counted at one more depth per extra layer kind and read per kind. This keeps an 8B model
+at seq 4096 to about a second. The test suite checks the extrapolation equals a full
+count."""
 
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from trainwise.plan.plan import Plan
 from trainwise.step import compute_loss, precision_policy, prepare_model
-from trainwise.trace.depth import TRACED_BLOCKS, block_count, extrapolate_int, should_extrapolate, with_blocks
+from trainwise.trace.depth import depth_fit, extrapolate_by_kind, with_blocks
 from trainwise.trace.fake_model import materialize_fake
 from trainwise.trace.flops_formulas import model_flop_formulas
 from trainwise.trace.moe_kernels import traceable_experts
@@ -55,16 +57,16 @@ def count_training_flops(model: nn.Module, batch_fn, plan: Plan, task: str | Non
     """Forward and backward FLOPs of one micro-batch of `plan` for a meta-device `model`.
 
     `batch_fn()` builds the micro-batch (called under fake mode). The model is consumed.
-    A Hugging Face model with more than a few identical blocks is counted with 2 and 3
-    blocks and extrapolated (`extrapolate=False` counts the whole model)."""
+    A Hugging Face model with more than a few blocks is counted at the depths
+    trainwise/trace/depth.py `depth_fit` chooses (2 and 3 blocks for identical ones) and
+    extrapolated (`extrapolate=False` counts the whole model)."""
     plan = dataclasses.replace(plan, grad_ckpt=False)  # recomputation is not model FLOPs
-    blocks = block_count(getattr(model, "config", None))
-    if not (extrapolate and should_extrapolate(blocks) and hasattr(model, "_from_config")):
+    fit = depth_fit(getattr(model, "config", None))
+    if not (extrapolate and fit is not None and hasattr(model, "_from_config")):
         return _count(model, batch_fn, plan, task)
-    small_n, large_n = TRACED_BLOCKS
-    small, large = (_count(_shorter(model, n), batch_fn, plan, task) for n in (small_n, large_n))
-    return FlopCount(extrapolate_int(small.forward, large.forward, small_n, large_n, blocks),
-                     extrapolate_int(small.backward, large.backward, small_n, large_n, blocks))
+    counts = [_count(_shorter(model, n), batch_fn, plan, task) for n in fit.depths]
+    return FlopCount(extrapolate_by_kind([c.forward for c in counts], fit),
+                     extrapolate_by_kind([c.backward for c in counts], fit))
 
 
 def _shorter(model: nn.Module, blocks: int) -> nn.Module:

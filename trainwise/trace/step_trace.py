@@ -16,6 +16,7 @@ from trainwise.trace.autocast_policy import autocast_for_target, cuda_autocast_k
 from trainwise.trace.blocks import BlockTracker
 from trainwise.trace.cuda_kernels import cuda_kernel_choices
 from trainwise.trace.fake_model import materialize_fake
+from trainwise.trace.layer_norm_stats import layer_norm_fixes
 from trainwise.trace.module_scope import ModuleScope
 from trainwise.trace.moe_kernels import traceable_experts
 from trainwise.trace.op_costs import OpCostRecorder, OpCosts
@@ -69,6 +70,8 @@ def trace_training_step(model: nn.Module, batch_fn, plan: Plan, target_device_ty
     blocks = BlockTracker(model)
     recorder = AllocationRecorder(scope, blocks)
     recorder.costs = OpCostRecorder(model)
+    low_precision = policy.param_dtype != torch.float32 or policy.autocast_dtype is not None
+    recorder.output_fixes.update(layer_norm_fixes(target_device_type, low_precision))
     with traceable_experts(), fake_tensors_are_not_tracing(), cuda_kernel_choices(target_device_type), \
             FakeTensorMode(allow_non_fake_inputs=False), scope, blocks, recorder:
         materialize_fake(model, "cpu")
