@@ -115,3 +115,22 @@ def test_the_parameter_count_under_a_layout_counts_each_layer_kind(model_dirs):
     result = estimate(spec, Plan.from_dict({"batch_size": 1, "seq_len": 16, "device": "cpu", "nproc": 2}))
     model = build_model_with_notes(spec, "meta", attention="sdpa", batch_size=1, seq_len=16).model
     assert result.layout is not None and result.params == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.slow
+def test_extrapolated_step_time_equals_a_full_trace_per_category(model_dirs):
+    """The step time is read per layer kind from the same traced depths as memory: Gemma 3's
+    5:1 pattern of sliding and full attention, every category within 1 % of a full trace."""
+    from trainwise.estimate.step_time import predict_step_time
+    from trainwise.hardware.profile import DeviceProfile, Rate
+
+    profile = DeviceProfile("cpu", "cpu", "test", {"fp32": Rate(1e10, 1e-6)}, {}, Rate(1e9, 1e-6), 1e-5)
+    spec = resolve_model(str(model_dirs / "gemma3_text"))
+    plan = Plan.from_dict({"batch_size": BATCH, "seq_len": SEQ, "device": "cpu"})
+    result = estimate(spec, plan, profile=profile)
+    assert result.extrapolation == "per-kind" and len(result.traced_blocks) == 3
+    full_trace, _, _ = predict._trace(spec, plan, resolve_device("cpu"))
+    full = predict_step_time([full_trace], None, plan, resolve_device("cpu"), profile, spec.name)
+    assert result.time.step_s == pytest.approx(full.step_s, rel=0.01)
+    for category, seconds in full.breakdown.items():
+        assert result.time.breakdown[category] == pytest.approx(seconds, rel=0.01, abs=1e-6), category
