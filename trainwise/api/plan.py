@@ -77,11 +77,6 @@ def estimate_evaluator(spec: ModelSpec, profile=None, **topology) -> Evaluator:
     return evaluate
 
 
-def usable_of(capacity: int | None, margin: float) -> int | None:
-    """The bytes a plan may need: capacity x (1 - margin) (search.py's rule)."""
-    return None if capacity is None else int(capacity * (1 - margin))
-
-
 def capacity_of(device: Device) -> int | None:
     """The memory a plan must fit (bytes): the GPU's; for the CPU, this machine's RAM."""
     if device.memory_bytes is not None:
@@ -127,12 +122,11 @@ def plan_search(model: str | ModelSpec, base: Plan, fixed: set[str] | frozenset[
     _check_fixed(base, fixed, device, spec)
     space = build_space(base, fixed, device, allow, global_batch, data_parallel=_fixed_data_parallel(base, fixed),
                         flash_refusal=attention_refusal("flash", device, spec, here=True),
-                        attention_refusals={k: r for k in ("sdpa", "eager")
-                                            if (r := attention_refusal(k, device, spec, here=False))})
+                        attention_refusals=_attention_refusals(device, spec))
     topology = {"gpus_per_node": gpus_per_node, "inter_node_gbps": inter_node_gbps} if gpus > 1 else {}
     evaluator = evaluator or estimate_evaluator(spec, profile, **topology)
     extra, notes = (layout_candidates(spec, space, device, profile, gpus, gpus_per_node, inter_node_gbps,
-                                      global_batch, usable_of(capacity, margin)) if gpus > 1 else ([], []))
+                                      global_batch) if gpus > 1 else ([], []))
     result = search(space, device, evaluator, capacity_bytes=capacity, top=top, margin=margin, extra=extra,
                     own_screen=gpus == 1)
     result.notes[:0] = notes
@@ -154,6 +148,16 @@ def _check_fixed(base: Plan, fixed: frozenset[str], device: Device, spec: ModelS
     except InputError as refused:
         if refused.field.lstrip("-").replace("-", "_") in fixed:
             raise
+
+
+def _attention_refusals(device: Device, spec: ModelSpec) -> dict[str, str]:
+    """Why sdpa or eager is not searched: the model's rules; and on a GPU where sdpa runs,
+    eager, which keeps the attention matrix sdpa's fused kernels do not and runs slower, so
+    it can only lose (as fp32 beside tf32) and is not worth its traces."""
+    refusals = {k: r for k in ("sdpa", "eager") if (r := attention_refusal(k, device, spec, here=False))}
+    if device.kind == "cuda" and "sdpa" not in refusals:
+        refusals.setdefault("eager", "on a GPU sdpa computes the same with less memory and time")
+    return refusals
 
 
 def _fixed_data_parallel(base: Plan, fixed: frozenset[str]) -> int:

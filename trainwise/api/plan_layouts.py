@@ -53,21 +53,16 @@ def layout_space(base: Plan, fixed: frozenset[str], gpus: int, gpus_per_node: in
 
 
 def layout_candidates(spec: ModelSpec, space: Space, device: Device, profile, gpus: int, gpus_per_node: int | None,
-                      inter_node_gbps: float | None, global_batch: int,
-                      usable: int | None) -> tuple[list[Candidate], list[str]]:
+                      inter_node_gbps: float | None, global_batch: int) -> tuple[list[Candidate], list[str]]:
     """(every screened layout plan, notes): the space's preferred precision, optimizer,
-    attention kernel and LoRA choice (its first of each), checkpointing as searched but
-    in order: a later choice (on, after off) only when no layout of the earlier fits
-    `usable` bytes (recomputation only costs time where the memory is not needed)."""
+    attention kernel and LoRA choice (its first of each), checkpointing as searched (off
+    and on: checkpointing can free the memory that lets a layout without offload or with
+    a larger micro-batch fit, so it is screened even when a layout fits without it)."""
     rates = device_profile(device, profile)
     first = {name: values[0] for name, values in space.choices.items()}
     layouts = layout_space(space.base, space.fixed, gpus, gpus_per_node, global_batch)
     candidates, notes = [], []
     for grad_ckpt in space.choices["grad_ckpt"]:
-        if any(usable is None or c.memory_bytes <= usable for c in candidates):
-            notes.append(f"layouts with grad checkpointing {'on' if grad_ckpt else 'off'} not screened: a layout "
-                         f"without it fits")
-            break
         base = space.base.replace(**{**first, "grad_ckpt": grad_ckpt})
         candidates += screen_layouts(spec, base, device, rates, layouts, inter_node_gbps)
     if not candidates:
