@@ -12,6 +12,7 @@ from pathlib import Path
 from trainwise.api.compatibility import check_estimate_support, check_request
 # The two routes, as names of this module: tests stub them to show that a refused request
 # never reaches a model build.
+from trainwise.estimate.collective_time import Topology
 from trainwise.estimate.layout_estimate import layout_estimate as _per_rank
 from trainwise.estimate.predict import one_device_estimate as _one_device
 from trainwise.estimate.result import EstimateResult
@@ -19,6 +20,7 @@ from trainwise.common.errors import InputError
 from trainwise.hardware import Device, resolve_device
 from trainwise.hardware.profile import DeviceProfile, profile_for
 from trainwise.models import ModelSpec, check_seq_len, resolve_model
+from trainwise.plan.layout import resolve_layout
 from trainwise.plan.plan import Plan
 
 __all__ = ["EstimateResult", "estimate"]
@@ -26,7 +28,8 @@ __all__ = ["EstimateResult", "estimate"]
 
 def estimate(model: str | ModelSpec, plan: Plan | None = None, *, task: str | None = None,
              trust_remote_code: bool = False,
-             profile: str | Path | DeviceProfile | None = None) -> EstimateResult:
+             profile: str | Path | DeviceProfile | None = None, gpus_per_node: int | None = None,
+             inter_node_gbps: float | None = None) -> EstimateResult:
     """Predict the memory of one training step of `model` under `plan` (bytes; on one
     device, or on rank 0 and each pipeline rank under a parallel layout), and its time
     (seconds, `result.time`) where a device profile is known: `profile` (a file written by
@@ -34,7 +37,9 @@ def estimate(model: str | ModelSpec, plan: Plan | None = None, *, task: str | No
     device, else the catalog's figures for a catalog GPU, else no time.
 
     `model` is a catalog name, a local Hugging Face directory, `package.module:function` or
-    a resolved ModelSpec. Nothing is allocated: the model is built on the meta device and
+    a resolved ModelSpec. Under a layout, `gpus_per_node` (default: every rank on one node)
+    and `inter_node_gbps` (Gbit/s per GPU between nodes) place the ranks for the
+    communication time (trainwise/estimate/collective_time.py). Nothing is allocated: the model is built on the meta device and
     the step runs on fake tensors."""
     plan = plan or Plan()
     spec = model if isinstance(model, ModelSpec) else resolve_model(model, task=task, trust_remote_code=trust_remote_code)
@@ -44,7 +49,9 @@ def estimate(model: str | ModelSpec, plan: Plan | None = None, *, task: str | No
     check_seq_len(spec, plan.seq_len)
     rates = _device_profile(device, profile)
     per_rank = plan.is_distributed or plan.cpu_offload
-    result = _per_rank(spec, plan, device, rates) if per_rank else _one_device(spec, plan, device, profile=rates)
+    one_node = resolve_layout(plan).world if per_rank else 1
+    topology = Topology.from_gbps(one_node if gpus_per_node is None else gpus_per_node, inter_node_gbps)
+    result = _per_rank(spec, plan, device, rates, topology) if per_rank else _one_device(spec, plan, device, profile=rates)
     return dataclasses.replace(result, notes=(*picked, *result.notes)) if picked else result
 
 

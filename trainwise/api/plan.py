@@ -9,7 +9,6 @@ Everything that can be refused is refused before the first trace (exit 2, one li
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import os
 import time
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 
 from trainwise.api.compatibility import check_request
 from trainwise.api.estimate import estimate
+from trainwise.api.plan_layouts import check_layout_request, layout_candidates
 from trainwise.common.errors import InputError
 from trainwise.common.units import human_bytes
 from trainwise.hardware import Device, resolve_device
@@ -26,6 +26,7 @@ from trainwise.planner.compose import Measure
 from trainwise.planner.search import DEFAULT_MARGIN, Evaluator, SearchResult, search, smallest
 from trainwise.planner.space import ALLOWABLE, Space, build_space
 from trainwise.planner.why_lost import alternatives
+from trainwise.planner.why_lost_layout import layout_alternatives
 from trainwise.plan.plan import Plan
 
 # Knobs that change the memory a plan needs: held fixed, they can make every plan miss.
@@ -59,13 +60,14 @@ def measure_of(result) -> Measure:
                    breakdown=dict(step.breakdown), ideal_s=ideal)
 
 
-def estimate_evaluator(spec: ModelSpec, profile=None) -> Evaluator:
+def estimate_evaluator(spec: ModelSpec, profile=None, **topology) -> Evaluator:
     """Evaluator backed by `trainwise.api.estimate` (memoized by plan). Compile is traced
-    eager (its effect is not predicted; the plan keeps the user's --compile)."""
+    eager (its effect is not predicted; the plan keeps the user's --compile). `topology`:
+    gpus_per_node, inter_node_gbps for a layout's communication."""
     takes_profile = "profile" in inspect.signature(estimate).parameters
     if profile is not None and not takes_profile:
         raise InputError("--profile", "this build's estimate has no step-time model to read a profile with")
-    kwargs = {"profile": profile} if takes_profile else {}
+    kwargs = {"profile": profile, **topology} if takes_profile else {}
     seen: dict[Plan, Measure] = {}
 
     def evaluate(plan: Plan) -> Measure:
@@ -110,6 +112,9 @@ def plan_search(model: str | ModelSpec, base: Plan, fixed: set[str] | frozenset[
     started = time.perf_counter()
     fixed = frozenset(fixed)
     check_search_request(gpus, top, margin, base, fixed, global_batch)
+    check_layout_request(gpus, gpus_per_node, global_batch, base, fixed)
+    if gpus > 1:
+        base = base.replace(nproc=gpus)  # the layout flags given are read over all the GPUs
     device = resolve_device(base.device)
     capacity = capacity_of(device)
     spec = model if isinstance(model, ModelSpec) else resolve_model(model, task=task, trust_remote_code=trust_remote_code)
@@ -117,15 +122,20 @@ def plan_search(model: str | ModelSpec, base: Plan, fixed: set[str] | frozenset[
     _check_fixed(base, fixed, device, spec)
     space = build_space(base, fixed, device, allow, global_batch, data_parallel=_fixed_data_parallel(base, fixed),
                         flash_refusal=attention_refusal("flash", device, spec, here=True),
-                        attention_refusals={k: r for k in ("sdpa", "eager")
-                                            if (r := attention_refusal(k, device, spec, here=False))})
-    evaluator = evaluator or estimate_evaluator(spec, profile)
-    extra = _layouts(spec, base, device, profile, gpus, gpus_per_node, inter_node_gbps, global_batch, fixed)
+                        attention_refusals=_attention_refusals(device, spec))
+    topology = {"gpus_per_node": gpus_per_node, "inter_node_gbps": inter_node_gbps} if gpus > 1 else {}
+    evaluator = evaluator or estimate_evaluator(spec, profile, **topology)
+    extra, notes = (layout_candidates(spec, space, device, profile, gpus, gpus_per_node, inter_node_gbps,
+                                      global_batch) if gpus > 1 else ([], []))
     result = search(space, device, evaluator, capacity_bytes=capacity, top=top, margin=margin, extra=extra,
                     own_screen=gpus == 1)
+    result.notes[:0] = notes
     if not result.ranked:
         raise nothing_fits(result, space, device, evaluator, spec.name)
-    lines = alternatives(result.ranked[0], result.screened, result.usable_bytes, result.timed, ALTERNATIVE_KNOBS)
+    lines = alternatives(result.ranked[0], result.screened, result.usable_bytes, result.timed,
+                         ALTERNATIVE_KNOBS if gpus == 1 else ("grad_ckpt",))
+    if gpus > 1:
+        lines += layout_alternatives(result.ranked[0], result.screened, result.usable_bytes, result.timed)
     return PlanReport(model=spec.name, device=device, capacity_bytes=capacity, margin=margin, space=space,
                       result=result, why_lost=lines, seconds=time.perf_counter() - started)
 
@@ -140,21 +150,18 @@ def _check_fixed(base: Plan, fixed: frozenset[str], device: Device, spec: ModelS
             raise
 
 
+def _attention_refusals(device: Device, spec: ModelSpec) -> dict[str, str]:
+    """Why sdpa or eager is not searched: the model's rules; and on a GPU where sdpa runs,
+    eager, which keeps the attention matrix sdpa's fused kernels do not and runs slower, so
+    it can only lose (as fp32 beside tf32) and is not worth its traces."""
+    refusals = {k: r for k in ("sdpa", "eager") if (r := attention_refusal(k, device, spec, here=False))}
+    if device.kind == "cuda" and "sdpa" not in refusals:
+        refusals.setdefault("eager", "on a GPU sdpa computes the same with less memory and time")
+    return refusals
+
+
 def _fixed_data_parallel(base: Plan, fixed: frozenset[str]) -> int:
     return base.dp * base.fsdp if {"dp", "fsdp"} & fixed else 1
-
-
-def _layouts(spec, base, device, profile, gpus, gpus_per_node, inter_node_gbps, global_batch, fixed):
-    """The layout screen's candidates for several GPUs (none for one)."""
-    if gpus == 1:
-        return []
-    try:
-        layout_screen = importlib.import_module("trainwise.planner.layout_screen")
-    except ModuleNotFoundError:
-        raise InputError("--gpus", "searching layouts of several GPUs is not in this build; use --gpus 1") from None
-    inter_node = inter_node_gbps * 1e9 / 8 if inter_node_gbps is not None else None
-    return layout_screen.screen_layouts(spec, base, device, profile, gpus, gpus_per_node or gpus, inter_node,
-                                        global_batch, fixed)
 
 
 def nothing_fits(result: SearchResult, space: Space, device: Device, evaluator: Evaluator, model: str) -> InputError:

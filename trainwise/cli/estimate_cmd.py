@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainwise.cli.flags import add_auto_batch_flags, add_knob_flags, plan_from_args
+from trainwise.cli.flags import add_auto_batch_flags, add_knob_flags, number_option, plan_from_args
 
 
 def register(commands) -> None:
@@ -18,6 +18,10 @@ def register(commands) -> None:
     parser.add_argument("--profile", metavar="FILE", default=None,
                         help="device profile for the step time (written by trainwise calibrate; default: the "
                              "cached calibration of the device, else the catalog's figures for a catalog GPU)")
+    parser.add_argument("--gpus-per-node", default=None, metavar="G",
+                        help="under a layout: GPUs per node, ranks numbered node by node (default: all on one node)")
+    parser.add_argument("--inter-node-gbps", default=None, metavar="X",
+                        help="under a layout: the link between nodes, Gbit/s per GPU (default: 400)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--by-module", action="store_true", help="also show which modules hold the activations")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -34,6 +38,8 @@ def run(args) -> int:
     from trainwise.cli.render_estimate import render_estimate
     from trainwise.cli.train_auto import resolve_auto, take_auto_request
 
+    per_node = number_option(args, "gpus_per_node")
+    inter_node = number_option(args, "inter_node_gbps", float, 0)
     auto = take_auto_request(args)
     if auto.plan:
         from trainwise.common.errors import InputError
@@ -41,7 +47,7 @@ def run(args) -> int:
     plan = plan_from_args(args)
     plan = resolve_auto(auto, plan, args.model, plan.device, args.task, args.trust_remote_code)
     result = estimate(args.model, plan, task=args.task, trust_remote_code=args.trust_remote_code,
-                      profile=args.profile)
+                      profile=args.profile, gpus_per_node=per_node, inter_node_gbps=inter_node)
     if args.json:
         data = result.to_json()
         if args.by_module:

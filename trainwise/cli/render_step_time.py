@@ -41,5 +41,20 @@ def render_step_time(result: EstimateResult, console: Console) -> None:
         "MFU not shown (no catalog peak)"
     console.print(f"predicted throughput: {time.tokens_per_s:,.0f} tokens/s, {time.samples_per_s:,.2f} samples/s "
                   f"on this device; {mfu}")
+    _render_collectives(getattr(time, "collectives", ()), console)
     for note in time.notes:
         console.print(f"time note: {note}")
+
+
+def _render_collectives(collectives, console: Console) -> None:
+    """The layout's collectives of the slowest rank (predicted), one row each."""
+    if not collectives:
+        return
+    table = Table(title="Collectives of the slowest rank per optimizer step (predicted)", title_justify="left")
+    for column, justify in (("collective", "left"), ("purpose", "left"), ("MiB sent per rank", "right"),
+                            ("link", "left"), ("exposed s", "right"), ("overlapped s", "right")):
+        table.add_column(column, justify=justify)
+    for c in collectives:
+        table.add_row(c["name"], c["purpose"], f"{c['bytes'] / 2**20:,.2f}", c["link"], f"{c['exposed_s']:.4f}",
+                      f"{c['overlapped_s']:.4f}")
+    console.print(table)

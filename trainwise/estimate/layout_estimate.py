@@ -9,25 +9,30 @@ from __future__ import annotations
 
 import dataclasses
 
+from trainwise.estimate.collective_time import Topology
+from trainwise.estimate.layout_step import RankCompute, layout_step_time
 from trainwise.estimate.per_rank import (RankModel, headless_workload, rank_config, rank_memory, rank_plan,
                                          rank_reshape, rank_views)
+from trainwise.estimate.rank_states import rank_parameters
 from trainwise.estimate.predict import extrapolate_count, one_device_estimate
 from trainwise.estimate.result import EstimateResult
-from trainwise.estimate.step_time import StepTime
 from trainwise.hardware.profile import DeviceProfile
 from trainwise.hardware import Device
 from trainwise.models import ModelSpec, build_model_with_notes, count_parameters
 from trainwise.models.families.checks import check_model_layout
 from trainwise.plan.layout import Layout, resolve_layout
 from trainwise.plan.plan import Plan
+from trainwise.step.precision import precision_policy
 from trainwise.trace.depth import block_count, depth_fit, extrapolate_by_kind, with_blocks
 from trainwise.trace.layer_pattern import layer_pattern
 
 
-def layout_estimate(spec: ModelSpec, plan: Plan, device: Device,
-                    profile: DeviceProfile | None = None) -> EstimateResult:
+def layout_estimate(spec: ModelSpec, plan: Plan, device: Device, profile: DeviceProfile | None = None,
+                    topology: Topology | None = None) -> EstimateResult:
     """Rank 0's estimate under the plan's layout, with every pipeline rank's peak beside it
-    (trainwise/estimate/per_rank.py); the parameter counts stay the whole model's."""
+    (trainwise/estimate/per_rank.py); the parameter counts stay the whole model's. The step
+    time (with a profile) is the slowest pipeline rank's under `topology` (default: all
+    ranks on one node)."""
     layout = resolve_layout(plan)
     check_model_layout(spec.config, plan, layout)
     traced: dict[tuple, EstimateResult] = {}
@@ -51,32 +56,23 @@ def layout_estimate(spec: ModelSpec, plan: Plan, device: Device,
                 reshape(model)
             return model
 
-        memory, details = rank_memory(single.memory, single.activations_by_module,
-                                      RankModel(config, build, spec.task), plan, layout, view, device.kind)
+        rank_model = RankModel(config, build, spec.task)
+        memory, details = rank_memory(single.memory, single.activations_by_module, rank_model, plan, layout, view,
+                                      device.kind)
         ranks.append({**details, "peak_allocated": memory.peak_allocated, "device_total": memory.device_total,
                       "compute_s": single.time.step_s if single.time else None})
-        rank_times.append(single.time)
+        if single.time is not None:
+            policy = precision_policy(plan.precision, device.kind)
+            rank_times.append(RankCompute(view, rank_parameters(rank_model, plan, policy, view, layout.tp), single.time))
         first = first or (memory, single)
     memory, single = first
     notes = (*single.notes, "memory is rank 0's: its pipeline stage, data-parallel shard and tensor-parallel slice")
     full = _counts(spec, plan, device)
     return dataclasses.replace(single, model=spec.name, plan=plan, memory=memory, params=full[0],
                                trainable_params=full[1], notes=notes, layout=_summary(layout, ranks),
-                               time=layout_step_time(plan, layout, rank_times, profile))
-
-
-def layout_step_time(plan: Plan, layout: Layout, rank_times: list[StepTime | None],
-                     profile: DeviceProfile | None) -> StepTime | None:
-    """The step time under a layout: where communication, the pipeline bubble and offload
-    transfers join each pipeline rank's compute (`rank_times`, from its own trace).
-
-    For now the slowest rank's compute alone, saying so: those terms are not modelled yet."""
-    known = [t for t in rank_times if t is not None]
-    if profile is None or not known:
-        return None
-    slowest = max(known, key=lambda t: t.step_s)
-    return dataclasses.replace(slowest, notes=(*slowest.notes, "the slowest pipeline rank's compute only: "
-                                               "communication not modelled yet"))
+                               time=layout_step_time(plan, layout, rank_times, profile,
+                                                     topology or Topology(gpus_per_node=layout.world),
+                                                     getattr(spec.config, "hidden_size", 0)))
 
 
 def _summary(layout: Layout, ranks: list[dict]) -> dict:

@@ -34,6 +34,15 @@ class LayoutSpace:
     schedules: tuple[str, ...] = PIPELINE_SCHEDULES
     chunk_factors: tuple[int, ...] = (1, 2, 4)  # pipeline chunks per micro-batch, in multiples of pp
     sequence_parallel: tuple[bool, ...] = (False, True)
+    # (knob, value) pairs every plan must keep (the flags a user gave): layouts that
+    # differ are not enumerated; a fixed --microbatches replaces chunk_factors.
+    fixed: tuple[tuple[str, object], ...] = ()
+
+    def held(self, plan: Plan) -> bool:
+        return all(getattr(plan, knob) == value for knob, value in self.fixed)
+
+    def fixed_value(self, knob: str, default=None):
+        return dict(self.fixed).get(knob, default)
 
 
 def _divisors(n: int) -> list[int]:
@@ -73,8 +82,10 @@ def layout_plans(config, plan: Plan, space: LayoutSpace) -> Iterator[Plan]:
     pipelines = family is not None and family.pipeline is not None
     sequence_family = family is not None and family.sequence_parallel is not None
     for tp in tensor_parallel_degrees(config, space):
+        if space.fixed_value("tp", tp) != tp:
+            continue
         for pp in _divisors(space.gpus // tp):
-            if pp > blocks or (pp > 1 and not pipelines):
+            if pp > blocks or (pp > 1 and not pipelines) or space.fixed_value("pp", pp) != pp:
                 continue
             replicas = space.gpus // (tp * pp)
             if space.global_batch % replicas:
@@ -98,10 +109,13 @@ def _batches(config, plan: Plan, space: LayoutSpace, base: dict, rows: int) -> I
         if rows % batch:
             continue
         knobs = dict(base, batch_size=batch, grad_accum=rows // batch)
-        options = [{}] if pp == 1 else [{"pp_schedule": s, "microbatches": f * pp}
-                                        for s in space.schedules for f in space.chunk_factors]
+        chunks = [space.fixed_value("microbatches")] if space.fixed_value("microbatches") else \
+            [f * pp for f in space.chunk_factors]
+        options = [{}] if pp == 1 else [{"pp_schedule": s, "microbatches": c} for s in space.schedules for c in chunks]
         for option in options:
             candidate = plan.replace(**knobs, **option)
+            if not space.held(candidate):
+                continue
             try:
                 if pp > 1:
                     check_pipeline(config, pp, candidate.pp_schedule, candidate.microbatches, batch)

@@ -7,10 +7,13 @@ fit and verifies the best with the full estimate."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from trainwise.common.errors import InputError
 from trainwise.estimate.collective_time import Topology
 from trainwise.estimate.layout_time import LayoutTime, layout_time
 from trainwise.estimate.rank_work import RankWork, communicated_bytes
+from trainwise.estimate.step_time import COMPUTE_DTYPE
 from trainwise.hardware import Device
 from trainwise.hardware.profile import DeviceProfile
 from trainwise.models import ModelSpec
@@ -22,6 +25,9 @@ from trainwise.planner.layout_enumeration import LayoutSpace, layout_plans
 from trainwise.planner.screen_memory import ScreenRank, figure_at, rank_device_total, rank_params, screen_ranks
 from trainwise.planner.traced_unit import Seconds, TracedUnit, time_model_seconds, traced_unit
 from trainwise.trace.depth import block_count
+
+# The note that names a screened plan's most exposed collective (read by why_lost_layout.py).
+EXPOSED_NOTE = "most exposed communication: "
 
 
 def traced_precision(plan: Plan, layout: Layout) -> str:
@@ -66,10 +72,23 @@ def screen_candidate(spec: ModelSpec, plan: Plan, unit: TracedUnit, profile: Dev
 def _candidate(plan: Plan, layout: Layout, memory: int, timed: LayoutTime) -> Candidate:
     samples = plan.batch_size * plan.grad_accum * layout.data_parallel
     step = timed.step_s
+    exposed = max(timed.collectives, key=lambda c: c.exposed_s, default=None)
+    most = (f"{EXPOSED_NOTE}{exposed.purpose} over the {exposed.link} link",) if exposed and exposed.exposed_s else ()
     return Candidate(plan=plan, memory_bytes=memory, step_s=step,
                      tokens_per_s=samples * plan.seq_len / step if step else 0.0,
                      samples_per_s=samples / step if step else 0.0, mfu=None, breakdown=dict(timed.breakdown),
-                     exact=False, notes=(f"screened: {layout.describe()}", *timed.notes))
+                     exact=False, notes=(f"screened: {layout.describe()}", *most, *timed.notes))
+
+
+def screen_mfu(candidate: Candidate, unit: TracedUnit, blocks: int, device: Device) -> float | None:
+    """Model FLOPs utilisation of a screened plan, rough: 6 x parameters x tokens per step
+    (attention's own FLOPs left out) over all GPUs' catalog peak at the plan's precision."""
+    peak = device.gpu.peak(COMPUTE_DTYPE[candidate.plan.precision]) if device.gpu is not None else None
+    if not peak or not candidate.step_s:
+        return None
+    params = unit.tp * (unit.block_params * blocks + unit.whole_params)
+    tokens = candidate.tokens_per_s * candidate.step_s
+    return 6 * params * tokens / candidate.step_s / (peak * resolve_layout(candidate.plan).world)
 
 
 def screen_layouts(spec: ModelSpec, plan: Plan, device: Device, profile: DeviceProfile | None, space: LayoutSpace,
@@ -81,10 +100,11 @@ def screen_layouts(spec: ModelSpec, plan: Plan, device: Device, profile: DeviceP
         raise InputError("--device", f"{device.name} has no rates to time layouts with: name a catalog GPU or run "
                                      "trainwise calibrate on it")
     topology = Topology.from_gbps(space.gpus_per_node, inter_node_gbps)
-    candidates = []
+    candidates, blocks = [], block_count(spec.config) or 1
     for layout_plan in layout_plans(spec.config, plan, space):
         layout = resolve_layout(layout_plan)
         traced = layout_plan.replace(precision=traced_precision(layout_plan, layout))
-        unit = traced_unit(spec, traced, device, layout.tp, layout.sequence_parallel, seconds_of)
-        candidates.append(screen_candidate(spec, layout_plan, unit, profile, topology, device.kind))
+        unit = traced_unit(spec, traced, device, layout.tp, layout.sequence_parallel, seconds_of, profile)
+        candidate = screen_candidate(spec, layout_plan, unit, profile, topology, device.kind)
+        candidates.append(dataclasses.replace(candidate, mfu=screen_mfu(candidate, unit, blocks, device)))
     return sorted(candidates, key=lambda c: c.tokens_per_s, reverse=True)

@@ -26,6 +26,7 @@ from trainwise.estimate.rank_states import rank_parameters
 from trainwise.estimate.rank_view import RankModel, RankView
 from trainwise.estimate.result import EstimateResult
 from trainwise.hardware import Device
+from trainwise.hardware.profile import DeviceProfile
 from trainwise.models import ModelSpec, build_model_with_notes
 from trainwise.models.families import family_of
 from trainwise.plan.layout import Layout
@@ -111,11 +112,15 @@ class UnitKey:
     grad_ckpt: bool
     attention: str
     optim: str
+    profile: tuple = ()  # the device profile timing it (name, source, corrections); () for none
 
 
 # seconds_of(result) -> (forward_s, backward_s, optimizer_s) of one traced step.
 Seconds = Callable[[EstimateResult], tuple[float, float, float]]
 _CACHE: dict[UnitKey, TracedUnit] = {}
+# The three traced estimates of a unit, shared by its sequence-parallel twin (sequence
+# parallel changes no traced shape; only the activations' correction differs).
+_TRACES: dict[UnitKey, dict[tuple[int, int], EstimateResult]] = {}
 
 
 def time_model_seconds(result: EstimateResult) -> tuple[float, float, float]:
@@ -134,32 +139,50 @@ def time_model_seconds(result: EstimateResult) -> tuple[float, float, float]:
 
 
 def traced_unit(spec: ModelSpec, plan: Plan, device: Device, tp: int, sequence_parallel: bool,
-                seconds_of: Seconds = time_model_seconds) -> TracedUnit:
+                seconds_of: Seconds = time_model_seconds, profile: DeviceProfile | None = None) -> TracedUnit:
     """The unit of `spec` at `tp` under `plan`'s sequence length, precision (as traced),
-    checkpointing, attention and optimizer; cached."""
+    checkpointing, attention and optimizer, its traces timed with `profile`; cached."""
+    timing = () if profile is None else (profile.device_name, profile.source, tuple(sorted(profile.corrections.items())))
     key = UnitKey(spec.name, tp, sequence_parallel, plan.seq_len, plan.precision, plan.grad_ckpt, plan.attention,
-                  plan.optim)
+                  plan.optim, timing)
     if key not in _CACHE:
-        _CACHE[key] = _trace_unit(spec, plan, device, tp, sequence_parallel, seconds_of)
+        _CACHE[key] = _trace_unit(spec, plan, device, tp, sequence_parallel, seconds_of, profile, key)
     return _CACHE[key]
+
+
+def traces_run() -> int:
+    """Traced one-device estimates the units cached so far cost (three per shared key)."""
+    return 3 * len(_TRACES)
+
+
+def _traced(spec, plan, device, layout, reshape, profile, key: UnitKey) -> dict[tuple[int, int], EstimateResult]:
+    """The estimates at (blocks, rows) = (2, 1), (2, 2), (3, 1), cached without the
+    sequence-parallel flag."""
+    shared = dataclasses.replace(key, sequence_parallel=False)
+    if shared not in _TRACES:
+        results = {}
+        for blocks, rows in ((2, 1), (2, 2), (3, 1)):
+            config = with_blocks(rank_config(spec.config, layout, blocks), blocks)
+            workload = dataclasses.replace(spec, config=config, vocab_size=config.vocab_size)
+            results[blocks, rows] = one_device_estimate(workload, plan.replace(batch_size=rows), device, reshape,
+                                                        profile)
+        _TRACES[shared] = results
+    return _TRACES[shared]
 
 
 def _layout(tp: int, sequence_parallel: bool) -> Layout:
     return Layout(world=tp, dp=1, fsdp=1, tp=tp, pp=1, zero=0, cpu_offload=False, sequence_parallel=sequence_parallel)
 
 
-def _trace_unit(spec, plan, device, tp, sequence_parallel, seconds_of) -> TracedUnit:
+def _trace_unit(spec, plan, device, tp, sequence_parallel, seconds_of, profile, key) -> TracedUnit:
     layout = _layout(tp, sequence_parallel)
     reshape = rank_reshape(spec.config, layout)
     one_device = plan.replace(nproc=1, dp=1, fsdp=1, tp=1, pp=1, zero=None, cpu_offload=False, microbatches=None,
                               sequence_parallel=False, grad_accum=1)
-    results, activations = {}, {}
-    for blocks, rows in ((2, 1), (2, 2), (3, 1)):
-        config = with_blocks(rank_config(spec.config, layout, blocks), blocks)
-        workload = dataclasses.replace(spec, config=config, vocab_size=config.vocab_size)
-        result = one_device_estimate(workload, one_device.replace(batch_size=rows), device, reshape)
-        results[blocks, rows] = result
-        activations[blocks, rows] = _rank_activations(result, RankModel(config, None, spec.task), layout, rows)
+    results = _traced(spec, one_device, device, layout, reshape, profile, key)
+    activations = {(blocks, rows): _rank_activations(result, RankModel(with_blocks(rank_config(
+        spec.config, layout, blocks), blocks), None, spec.task), layout, rows)
+        for (blocks, rows), result in results.items()}
     counts = _parameter_counts(spec, one_device, device, layout, reshape)
     base = results[2, 1]
     times = {k: seconds_of(r) for k, r in results.items()}
