@@ -106,6 +106,8 @@ def step_breakdown(costs: OpCosts, weights: dict[int, int], plan: Plan, profile:
         phase, micro, op_class, dtype, recomputed = key
         times = weights[micro] if phase in ("data", "forward", "backward") else 1
         category, seconds = _device_seconds(key, values, plan, profile)
+        if phase != "data":
+            seconds *= profile.step_compute_factor  # a training step's kernels vs one kernel timed alone
         breakdown[category] += seconds * times
         if phase == "data":
             continue  # the batch is ready before the step's ops are queued
