@@ -11,7 +11,10 @@ For each plan `trainwise.api.estimate(model, plan, profile=...).time.step_s` is 
 prediction; the measurement is `trainwise train` in a fresh process (the bench runner's
 command line), the median step time of its timed steps (warm-up steps and the CPU's
 memory-profiled last step left out), repeated --repeat times: the median over the
-repeats, and their spread (max - min) / median.
+repeats, and their spread (max - min) / median. A step is the train process's CPU seconds
+(`step_cpu_s`) under --threads 1 (the step's time with a core to itself: on a shared
+machine other processes' scheduler slices stretch its wall time, which no model of this
+step predicts; wall seconds are shown alongside), else wall seconds (--clock).
 
 Accuracy: MAPE (mean |predicted - measured| / measured) and Spearman's rank correlation
 over all plans (nothing here is fitted to these runs), and separately over the
