@@ -25,6 +25,14 @@ def _metrics(name: str, found: dict) -> str:
     return f"| {name} | {found['n']} | {mape} | {rho} |"
 
 
+def _clock(clock: str) -> str:
+    if clock == "cpu":
+        return ("the train process's CPU seconds per step (`step_cpu_s` in its metrics; one thread, so the "
+                "step's time with a core to itself: other processes on this shared machine stretch wall time, "
+                "not this; wall seconds are shown alongside)")
+    return "wall seconds per step (`step_time_s`)"
+
+
 def render(rows: list[dict], summary: dict, verdict: str, warnings: list[str], args, profile, seconds: float) -> str:
     lines = [f"Seconds per optimizer step on {args.device}: predicted by `trainwise.api.estimate(model, plan, "
              "profile=...).time.step_s`, measured by `trainwise train` in a fresh process "
@@ -33,24 +41,31 @@ def render(rows: list[dict], summary: dict, verdict: str, warnings: list[str], a
              "spread = (max - min) / median over the runs. Error = (predicted - measured) / measured. "
              f"Calibration rows: the {summary['calibration_model']} plans (a time model may be tuned on them); "
              "held out: the other model's. "
-             f"CPU threads: {args.threads or 'torch default'}. Whole benchmark: {seconds / 60:.1f} min.", ""]
+             f"CPU threads: {args.threads or 'torch default'} (calibration and runs). "
+             f"Clock: {_clock(args.clock)}. Whole benchmark: {seconds / 60:.1f} min.", ""]
     lines += [f"**{verdict}**", ""]
     if warnings:
         lines += ["Warnings (the figures below may be off):", ""] + [f"- {w}" for w in warnings] + [""]
-    lines += ["| plan | split | predicted s (predicted) | measured s (median, measured) | spread | error |",
-              "| --- | --- | ---: | ---: | ---: | ---: |"]
+    lines += [f"| plan | split | predicted s (predicted) | measured {args.clock} s (median, measured) | spread | error "
+              "| wall s (median, measured) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for row in rows:
         lines.append(f"| {row['name']} | {row['split']} | {_seconds(row.get('predicted_s'))} | "
-                     f"{_seconds(row.get('measured_s'))} | {_percent(row.get('spread'))} | {_error(row)} |")
+                     f"{_seconds(row.get('measured_s'))} | {_percent(row.get('spread'))} | {_error(row)} "
+                     f"| {_seconds(row.get('wall_s'))} |")
     lines += ["", "| rows | plans | MAPE | Spearman |", "| --- | ---: | ---: | ---: |",
               _metrics("all (no correction)", summary["all"]), _metrics("calibration", summary["calibration"]),
               _metrics("held out", summary["held_out"])]
     if summary.get("correction"):
         lines.append(_metrics(f"held out x {summary['correction']:.3f} (the calibration rows' median "
                               "measured/predicted)", summary["held_out_corrected"]))
+    if summary.get("wall") and args.clock != "wall":
+        lines.append(_metrics("all, against wall seconds (what a busy machine adds: not modelled)", summary["wall"]))
     if profile is not None:
         lines += ["", f"Device profile ({profile.source}, measured {profile.measured.get('date', '?')} in "
                       f"{profile.measured.get('seconds', '?')} s):", "",
                   "| rate | throughput (measured) | fixed cost per op (measured) |", "| --- | ---: | ---: |"]
         lines += [f"| {what} | {rate} | {fixed} |" for what, rate, fixed in rate_rows(profile)]
+        lines += ["", f"A training step's arithmetic vs the rates above (measured): x {profile.step_compute_factor:.2f}; "
+                      f"host time per op in a training step (measured): {1e6 * profile.host_s_per_op:.1f} µs "
+                      f"(a bare dispatch: {1e6 * profile.measured.get('host_dispatch_s_per_op', 0):.1f} µs)."]
     return "\n".join(lines) + "\n"

@@ -66,3 +66,12 @@ def test_a_profile_of_another_gpu_is_refused(tmp_path):
     path = write_profile(catalog_profile(resolve_device("A100-80GB")), tmp_path / "a100.json")
     with pytest.raises(InputError, match="measured on A100-80GB"):
         profile_for(resolve_device("H100"), path)
+
+
+def test_the_step_compute_factor_round_trips_and_an_older_file_without_it_reads_as_one(tmp_path):
+    profile = DeviceProfile("cpu", "cpu", "test", {"fp32": Rate(1e10)}, {}, Rate(1e9), 1e-5, step_compute_factor=1.7)
+    assert read_profile(write_profile(profile, tmp_path / "new.json")).step_compute_factor == 1.7
+    older = profile.to_json()
+    del older["step_compute_factor"]
+    (tmp_path / "old.json").write_text(json.dumps(older))
+    assert read_profile(tmp_path / "old.json").step_compute_factor == 1.0

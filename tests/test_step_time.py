@@ -166,3 +166,18 @@ def test_a_pipeline_layout_times_each_rank_from_its_own_trace():
     assert not any("not modelled yet" in note for note in piped.time.notes)
     assert piped.time.samples_per_s == pytest.approx(8 / piped.time.step_s)
     assert piped.time.breakdown["matmul"] < whole.breakdown["matmul"] < 2 * piped.time.breakdown["matmul"]
+
+
+def test_the_step_compute_factor_slows_every_kernel_but_not_the_host():
+    """A training step's kernels run `step_compute_factor` times slower than one kernel
+    timed alone; the host's dispatch time is measured in a training step already."""
+    costs = OpCosts({("forward", 0, "matmul", "fp32", False): [10, 10**9, 0, 0],
+                     ("forward", 0, "elementwise", "fp32", False): [100, 0, 500_000, 500_000],
+                     ("optimizer", 0, "elementwise", "fp32", False): [4, 0, 1_000_000, 0]})
+    rates = dict(matmul={"fp32": Rate(1e10)}, attention={}, memory=Rate(1e9), host_s_per_op=10e-6)
+    plain = step_breakdown(costs, {0: 1, 1: 0}, _plan(), DeviceProfile("cpu", "cpu", "test", **rates))
+    slow = step_breakdown(costs, {0: 1, 1: 0}, _plan(),
+                          DeviceProfile("cpu", "cpu", "test", **rates, step_compute_factor=1.5))
+    for category in ("matmul", "elementwise", "optimizer"):
+        assert plain[category] > 0 and slow[category] == pytest.approx(1.5 * plain[category])
+    assert slow["host_overhead"] == pytest.approx(plain["host_overhead"]) == pytest.approx(114 * 10e-6)

@@ -45,6 +45,10 @@ def test_metrics_file_keeps_the_design_contract(tmp_path):
     summary = lines[-1]["summary"]
     assert SUMMARY_KEYS <= summary.keys()
     assert summary["peak_allocated"] > 0 and summary["tokens_per_s"] > 0
+    # Each step's CPU seconds (all threads) beside its wall seconds: work was done, and no
+    # more CPU time than the threads had in the wall time.
+    threads = torch.get_num_threads()
+    assert all(0 < line["step_cpu_s"] <= threads * line["step_time_s"] * 1.05 + 1e-3 for line in lines[:-1])
 
 
 def test_summary_sets_the_measured_peak_beside_the_prediction():

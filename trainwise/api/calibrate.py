@@ -12,6 +12,7 @@ The profile goes to `out`, else to the per-user cache (`default_profile_path`), 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import time
@@ -93,12 +94,14 @@ def calibrate(device: str = "cpu", out: str | Path | None = None, nproc: int = 1
         spreads.update({f"collective {name}": s for name, s in found["spread"].items()})
         measured["collectives"] = {"backend": found["backend"], "sizes": found["convention"]}
         measured["points"].update({f"collective {name}": p for name, p in found["points"].items()})
-    seconds = round(time.perf_counter() - started, 1)
-    measured.update(_provenance(target, nproc, quick, settings, seconds, load_start, spreads))
     profile = DeviceProfile(device_name=_device_name(target), kind=target.kind, source=str(path),
                             matmul=rates["matmul"], attention=rates["attention"], memory=rates["memory"],
                             host_s_per_op=rates["host_s_per_op"], collectives=rates.get("collectives", {}),
                             host_to_device=rates.get("host_to_device"), measured=measured)
+    if target.kind == "cpu":
+        profile = _with_training_host(profile, torch_device, settings, spreads)
+    seconds = round(time.perf_counter() - started, 1)
+    measured.update(_provenance(target, nproc, quick, settings, seconds, load_start, spreads))
     write_profile(profile, path)
     return Calibration(profile, path, seconds, tuple(busy_warnings(measured)))
 
@@ -133,6 +136,19 @@ def _measure_one_device(device, settings) -> tuple[dict, dict, dict]:
         **optimizer.rate.to_json(),
         "vs_memory_rate": round(optimizer.rate.per_s / rates["memory"].per_s, 3)}}
     return rates, spreads, measured
+
+
+def _with_training_host(profile: DeviceProfile, device, settings, spreads: dict) -> DeviceProfile:
+    """The CPU's host time per op and arithmetic factor as a training step pays them
+    (trainwise/bench/calibrate_host.py); the bare dispatch of a tiny op stays in
+    `measured.host_dispatch_s_per_op`."""
+    from trainwise.bench.calibrate_host import measure_training_host
+
+    host, factor, found = measure_training_host(device, profile, settings)
+    spreads["training step"] = max(point["spread"] for point in found["steps"])
+    profile.measured["host_dispatch_s_per_op"] = profile.host_s_per_op
+    profile.measured["training_step"] = found
+    return dataclasses.replace(profile, host_s_per_op=host, step_compute_factor=factor)
 
 
 def _device_name(target: Device) -> str:

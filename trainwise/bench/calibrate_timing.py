@@ -48,38 +48,56 @@ class Fit:
     spread: float = 0.0
 
 
-def synchronizer(device) -> Callable[[], None]:
-    """What waits for queued work on `device` (a no-op on the CPU)."""
+class Synchronizer:
+    """Waits for queued work on a device (a no-op on the CPU) and names the clock to time
+    it with: on a CPU running one thread, this process's CPU time, which other processes
+    on a busy machine do not stretch (wall time there includes their scheduler slices);
+    otherwise wall time."""
+
+    def __init__(self, wait: Callable[[], None], clock: Callable[[], float]):
+        self.wait, self.clock = wait, clock
+
+    def __call__(self) -> None:
+        self.wait()
+
+
+def synchronizer(device) -> Synchronizer:
+    """The Synchronizer of `device`."""
     import torch
 
     if getattr(device, "type", str(device)) == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    return lambda: None
+        return Synchronizer(lambda: torch.cuda.synchronize(device), time.perf_counter)
+    return Synchronizer(lambda: None, time.process_time if torch.get_num_threads() == 1 else time.perf_counter)
+
+
+def clock_of(sync: Callable[[], None]) -> Callable[[], float]:
+    return getattr(sync, "clock", time.perf_counter)
 
 
 def time_call(work: Callable[[], object], sync: Callable[[], None], settings: Settings) -> Timing:
     """Median seconds of one call of `work` over `settings.repeats` samples (after a warm-up)."""
     work()  # warm-up: first-call costs (allocation, kernel selection) are not the op's
     calls = max(1, min(10_000, math.ceil(settings.sample_s / max(first_call_seconds(work, sync), 1e-7))))
-    samples = []
+    samples, clock = [], clock_of(sync)
     for _ in range(settings.repeats):
         sync()
-        started = time.perf_counter()
+        started = clock()
         for _ in range(calls):
             work()
         sync()
-        samples.append((time.perf_counter() - started) / calls)
+        samples.append((clock() - started) / calls)
     median = statistics.median(samples)
     return Timing(median, (max(samples) - min(samples)) / median if median > 0 else 0.0)
 
 
 def first_call_seconds(work: Callable[[], object], sync: Callable[[], None]) -> float:
     """One call's seconds, the warm-up included: decides whether a size is worth timing."""
+    clock = clock_of(sync)
     sync()
-    started = time.perf_counter()
+    started = clock()
     work()
     sync()
-    return time.perf_counter() - started
+    return clock() - started
 
 
 def fit_rate(points: list[tuple[float, float]]) -> Rate:

@@ -48,6 +48,9 @@ class StepLog:
     mfu: float | None
     peak_allocated: int | None
     eval_loss: float | None = None
+    # CPU seconds this process spent in the step, all its threads together: on a shared
+    # machine, with one thread, the step's time when it has a core to itself.
+    step_cpu_s: float | None = None
 
 
 @dataclass
@@ -107,14 +110,14 @@ def _run(setup: TrainingSetup, data, plan: Plan, run: RunConfig, flops_per_step:
     log = MetricsLog(run.metrics, resume_from_step=started if run.resume else None)
     probe.reset()
     consecutive_skips, outcome, eval_loss, checkpoint, stop_signal = 0, None, None, None, None
-    run_started = previous_end = time.perf_counter()
+    run_started, _ = previous = _clocks()
     for step in range(started, run.steps):
         probe.step_begin(step, _live_tensors(setup))
         outcome = training_step(setup, batches, plan, skip_non_finite=run.on_nan == "skip")
         synchronize(setup.device)
         # End to end: a step's time includes data loading and the previous step's logging,
         # as a user's wall clock does (and as bench times the Trainer baseline).
-        elapsed = time.perf_counter() - previous_end
+        elapsed, cpu_s = (now - before for now, before in zip(_clocks(), previous))
         probe.step_end(step)
         timed = step >= started + warmup and not (setup.device.type == "cpu" and step == probe_step)
         timer.record(elapsed, timed=timed)
@@ -128,14 +131,14 @@ def _run(setup: TrainingSetup, data, plan: Plan, run: RunConfig, flops_per_step:
                                  setup.policy.autocast_dtype)
         memory = probe.snapshot()
         entry = StepLog(step + 1, run.steps, outcome, elapsed, samples_per_step / elapsed, tokens_per_step / elapsed,
-                        timer.mfu_for(elapsed), memory.peak_allocated, eval_loss)
+                        timer.mfu_for(elapsed), memory.peak_allocated, eval_loss, cpu_s)
         if (step + 1) % run.log_every == 0 or step + 1 == run.steps:
             log.step(_metrics_line(entry))
         if on_step:
             on_step(entry)
         if run.output and run.save_every and (step + 1) % run.save_every == 0 and step + 1 < run.steps:
             checkpoint = _save(run, state, setup, plan)
-        previous_end = time.perf_counter()
+        previous = _clocks()
         stop_signal = stops.requested() if step + 1 < run.steps else None
         if stop_signal:
             break
@@ -148,6 +151,11 @@ def _run(setup: TrainingSetup, data, plan: Plan, run: RunConfig, flops_per_step:
     if stop_signal:
         raise Preempted(stop_signal, state.step, run.steps, checkpoint if run.output else None)
     return RunOutcome(state.step, started, final_loss, summary, checkpoint, exports, eval_loss)
+
+
+def _clocks() -> tuple[float, float]:
+    """(wall seconds, this process's CPU seconds): a step's time is the difference of two."""
+    return time.perf_counter(), time.process_time()
 
 
 def _final_save(run: RunConfig, setup: TrainingSetup, plan: Plan, state: TrainingState, started: int,
@@ -286,4 +294,4 @@ def _metrics_line(entry: StepLog) -> dict:
     return {"step": entry.step, "loss": outcome.loss, "lr": outcome.lr, "tokens_per_s": entry.tokens_per_s,
             "samples_per_s": entry.samples_per_s, "mfu": entry.mfu, "peak_allocated": entry.peak_allocated,
             "skipped": outcome.skipped, "grad_norm": outcome.grad_norm, "loss_scale": outcome.loss_scale,
-            "step_time_s": entry.step_time_s, "eval_loss": entry.eval_loss}
+            "step_time_s": entry.step_time_s, "step_cpu_s": entry.step_cpu_s, "eval_loss": entry.eval_loss}

@@ -4,8 +4,11 @@ The memory trace also sums every op's work by kind (trainwise/trace/op_costs.py)
 FLOPs and bytes per (phase, micro-step, op class, dtype, recomputed?). Each kind meets one
 rate of the device profile (trainwise/hardware/profile.py), an op of size x taking
 `fixed_s + x / per_s`: matmuls and attention on their FLOPs at the dtype's rate, every
-other op on the bytes it reads and writes at the memory rate. The host dispatches each op
-(`host_s_per_op`; views and other kernel-less ops a quarter of that).
+other op on the bytes it reads and writes at the memory rate, times the profile's
+`step_compute_factor` (how much slower a training step's kernels ran than the same kernels
+timed alone, measured by calibrate on the CPU; 1.0 otherwise). The host dispatches each op
+(`host_s_per_op`, on the CPU measured in a training step; views and other kernel-less ops
+a quarter of that).
 
 * On the CPU, host and compute run on the same cores one after the other: the step is
   their sum.
@@ -105,6 +108,8 @@ def step_breakdown(costs: OpCosts, weights: dict[int, int], plan: Plan, profile:
         phase, micro, op_class, dtype, recomputed = key
         times = weights[micro] if phase in ("data", "forward", "backward") else 1
         category, seconds = _device_seconds(key, values, plan, profile)
+        if phase != "data":
+            seconds *= profile.step_compute_factor  # a training step's kernels vs one kernel timed alone
         breakdown[category] += seconds * times
         if phase == "data":
             continue  # the batch is ready before the step's ops are queued

@@ -85,6 +85,10 @@ class DeviceProfile:
     host_to_device: Rate | None = None  # bytes, one direction (offload); None on the CPU
     corrections: dict[str, float] = field(default_factory=dict)
     measured: dict = field(default_factory=dict)  # when, versions, ranks: provenance of a calibration
+    # How much slower a training step's arithmetic runs than the rates above measured one
+    # kernel at a time (operands cold in cache, strided tensors); measured by calibrate on
+    # the CPU from a reference training step, 1.0 for catalog figures and older files.
+    step_compute_factor: float = 1.0
 
     def matmul_rate(self, dtype: str) -> Rate | None:
         return self.matmul.get(dtype) or self.matmul.get("fp32")
@@ -99,7 +103,8 @@ class DeviceProfile:
                 "memory": self.memory.to_json(), "host_s_per_op": self.host_s_per_op,
                 "collectives": {k: r.to_json() for k, r in self.collectives.items()},
                 "host_to_device": self.host_to_device.to_json() if self.host_to_device else None,
-                "corrections": dict(self.corrections), "measured": dict(self.measured)}
+                "corrections": dict(self.corrections), "measured": dict(self.measured),
+                "step_compute_factor": self.step_compute_factor}
 
     @classmethod
     def from_json(cls, data: dict, source: str) -> "DeviceProfile":
@@ -111,7 +116,8 @@ class DeviceProfile:
                    collectives={k: Rate.from_json(v) for k, v in data.get("collectives", {}).items()},
                    host_to_device=Rate.from_json(host) if host else None,
                    corrections={k: float(v) for k, v in data.get("corrections", {}).items()},
-                   measured=dict(data.get("measured", {})))
+                   measured=dict(data.get("measured", {})),
+                   step_compute_factor=float(data.get("step_compute_factor", 1.0)))
 
 
 def catalog_profile(device: Device) -> DeviceProfile | None:

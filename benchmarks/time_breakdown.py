@@ -1,0 +1,101 @@
+"""Where a real CPU step spends its time, next to where the step-time model says it does.
+
+    OMP_NUM_THREADS=1 python benchmarks/time_breakdown.py tiny-llama --profile cpu.json \
+        --batch-size 4 --seq-len 64 [--grad-accum 4] [--grad-ckpt] [--optim adafactor]
+
+A diagnostic, not a results page: it trains the plan in this process for a few steps,
+runs torch.profiler over the last ones, and adds the profiler's self CPU time of every
+aten op up by the op class trainwise/trace/op_costs.py gives it (the op counts too), and
+the wall time the ops do not account for (Python, the training loop, the data). Next to
+it: the time model's prediction of the same plan, per category, and its op counts. The
+profiler's own per-op cost inflates every op a little; the op counts are exact."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+
+import provenance
+
+provenance.add_repo_to_path()
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model")
+    parser.add_argument("--profile", required=True)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--grad-accum", type=int, default=1)
+    parser.add_argument("--grad-ckpt", action="store_true")
+    parser.add_argument("--optim", default="adamw")
+    parser.add_argument("--steps", type=int, default=3, help="profiled steps (after 3 warm-up steps)")
+    return parser.parse_args(argv)
+
+
+def op_class(name: str) -> str:
+    import torch
+
+    from trainwise.trace.op_costs import classify
+
+    packet = getattr(torch.ops.aten, name.removeprefix("aten::"), None) if name.startswith("aten::") else None
+    if packet is None:
+        return "not aten"
+    overload = getattr(packet, "default", None) or getattr(packet, packet.overloads()[0])
+    return classify(overload)
+
+
+def measure(model: str, plan, steps: int) -> tuple[dict, float]:
+    """({class: [self seconds, calls]}, wall seconds per step) over `steps` profiled steps."""
+    import torch.profiler
+
+    from trainwise.api import train
+    from trainwise.engine.run_config import RunConfig
+
+    warmup, state = 3, {"profiler": None, "started": None, "wall": None}
+
+    def on_step(entry):
+        if entry.step == warmup:
+            state["profiler"] = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            state["profiler"].__enter__()
+            state["started"] = time.perf_counter()
+        elif entry.step == warmup + steps:
+            state["wall"] = (time.perf_counter() - state["started"]) / steps
+            state["profiler"].__exit__(None, None, None)
+
+    train(model, plan=plan, run=RunConfig(steps=warmup + steps + 1), on_step=on_step)
+    by_class = collections.defaultdict(lambda: [0.0, 0])
+    for event in state["profiler"].key_averages():
+        if event.key.startswith("aten::"):
+            row = by_class[op_class(event.key)]
+            row[0] += event.self_cpu_time_total / 1e6 / steps
+            row[1] += event.count / steps
+    return dict(by_class), state["wall"]
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    from trainwise.api import estimate
+    from trainwise.hardware.profile import read_profile
+    from trainwise.plan.plan import Plan
+
+    plan = Plan(batch_size=args.batch_size, seq_len=args.seq_len, grad_accum=args.grad_accum,
+                grad_ckpt=args.grad_ckpt, optim=args.optim, device="cpu")
+    predicted = estimate(args.model, plan, profile=read_profile(args.profile)).time
+    measured, wall = measure(args.model, plan, args.steps)
+    print(f"predicted step {predicted.step_s * 1e3:.1f} ms; measured wall {wall * 1e3:.1f} ms per step (profiled)")
+    for name, seconds in predicted.breakdown.items():
+        if seconds:
+            print(f"  predicted {name:16s} {seconds * 1e3:8.2f} ms")
+    accounted = 0.0
+    for name, (seconds, calls) in sorted(measured.items(), key=lambda kv: -kv[1][0]):
+        accounted += seconds
+        print(f"  measured  {name:16s} {seconds * 1e3:8.2f} ms  {calls:7.0f} aten calls (self, incl. nested)")
+    print(f"  measured  outside aten ops {(wall - accounted) * 1e3:8.2f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
