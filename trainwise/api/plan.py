@@ -22,6 +22,7 @@ from trainwise.common.units import human_bytes
 from trainwise.hardware import Device, resolve_device
 from trainwise.models import ModelSpec, check_seq_len, resolve_model
 from trainwise.models.attention import attention_refusal
+from trainwise.models.quiet import quiet_transformers
 from trainwise.planner.compose import Measure
 from trainwise.planner.search import DEFAULT_MARGIN, Evaluator, SearchResult, search, smallest
 from trainwise.planner.space import ALLOWABLE, Space, build_space
@@ -127,15 +128,19 @@ def plan_search(model: str | ModelSpec, base: Plan, fixed: set[str] | frozenset[
     evaluator = evaluator or estimate_evaluator(spec, profile, **topology)
     extra, notes = (layout_candidates(spec, space, device, profile, gpus, gpus_per_node, inter_node_gbps,
                                       global_batch) if gpus > 1 else ([], []))
-    result = search(space, device, evaluator, capacity_bytes=capacity, top=top, margin=margin, extra=extra,
-                    own_screen=gpus == 1)
+    with quiet_transformers():  # model-code warnings (e.g. use_cache under checkpointing) repeat per trace
+        result = search(space, device, evaluator, capacity_bytes=capacity, top=top, margin=margin, extra=extra,
+                        own_screen=gpus == 1)
     result.notes[:0] = notes
     if not result.ranked:
         raise nothing_fits(result, space, device, evaluator, spec.name)
-    lines = alternatives(result.ranked[0], result.screened, result.usable_bytes, result.timed,
+    # An alternative that was confirmed is judged by its exact estimate, like the winner.
+    confirmed = {c.plan: c for c in result.ranked}
+    judged = [confirmed.get(c.plan, c) for c in result.screened]
+    lines = alternatives(result.ranked[0], judged, result.usable_bytes, result.timed,
                          ALTERNATIVE_KNOBS if gpus == 1 else ("grad_ckpt",))
     if gpus > 1:
-        lines += layout_alternatives(result.ranked[0], result.screened, result.usable_bytes, result.timed)
+        lines += layout_alternatives(result.ranked[0], judged, result.usable_bytes, result.timed)
     return PlanReport(model=spec.name, device=device, capacity_bytes=capacity, margin=margin, space=space,
                       result=result, why_lost=lines, seconds=time.perf_counter() - started)
 

@@ -58,7 +58,8 @@ def why_lost(winner: Candidate, other: Candidate, usable: int | None, timed: boo
         return (f"{label}: fits ({human_bytes(other.memory_bytes)}, predicted) but allows micro-batch "
                 f"{other.plan.batch_size} against {winner.plan.batch_size} (no time prediction)")
     loss = 1 - other.tokens_per_s / winner.tokens_per_s
-    return f"{label}: {-loss * 100:+.0f} % tokens/s{_biggest_difference(winner, other)}, predicted"
+    how = "predicted" if other.exact else "predicted by the screen, not confirmed"
+    return f"{label}: {-loss * 100:+.1f} % tokens/s{_biggest_difference(winner, other)}, {how}"
 
 
 def _biggest_difference(winner: Candidate, other: Candidate) -> str:
