@@ -82,13 +82,9 @@ def device_description() -> str:
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
+    from trainwise.hardware.host import cpu_model as host_cpu_model
+
+    return host_cpu_model()
 
 
 def cpu_count() -> int:

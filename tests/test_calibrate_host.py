@@ -27,6 +27,16 @@ def test_a_step_faster_than_its_kernels_alone_is_read_as_noise_not_a_factor_belo
     assert factor == 1.0 and host == pytest.approx(0.007 / 700)
 
 
+def test_a_larger_step_slowed_by_other_work_still_leaves_the_small_step_its_host_time():
+    # The larger step took 130x its arithmetic (another process ran): the two-point slope
+    # would leave the small step negative host time; read it at factor 1 instead.
+    small = {"step_s": 0.008, "arithmetic_s": 0.001, "ops": 700}
+    large = {"step_s": 1.3, "arithmetic_s": 0.010, "ops": 700}
+    host, factor = host_and_factor(small, large)
+    assert host == pytest.approx(0.007 / 700)
+    assert factor == pytest.approx((1.3 - 0.007) / 0.010)
+
+
 def test_one_cpu_thread_is_timed_by_this_process_cpu_time_which_sleep_does_not_count():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from trainwise.common.errors import InputError
 from trainwise.hardware.device import Device
+from trainwise.hardware.host import cpu_model
 from trainwise.hardware.profile import DeviceProfile, Rate, default_profile_path, write_profile
 from trainwise.hardware.resolve import resolve_device
 
@@ -154,19 +155,7 @@ def _with_training_host(profile: DeviceProfile, device, settings, spreads: dict)
 def _device_name(target: Device) -> str:
     if target.kind == "cuda":
         return target.name
-    return f"cpu ({_cpu_model()}, {os.cpu_count()} cores)"
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine() or "unknown model"
+    return f"cpu ({cpu_model()}, {os.cpu_count()} cores)"
 
 
 def _load() -> float | None:

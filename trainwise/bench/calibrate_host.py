@@ -63,7 +63,14 @@ def host_and_factor(small: dict, large: dict) -> tuple[float, float]:
     rise = large["arithmetic_s"] - small["arithmetic_s"]
     factor = (large["step_s"] - small["step_s"]) / rise if rise > 0 else 1.0
     factor = max(factor, 1.0)
-    return max(small["step_s"] - factor * small["arithmetic_s"], 0.0) / small["ops"], factor
+    host = (small["step_s"] - factor * small["arithmetic_s"]) / small["ops"]
+    if host <= 0:
+        # A slope so steep that it leaves the small step no host time is noise (the larger
+        # step was slowed by something else): read the host time from the small step at
+        # factor 1, and the factor from the larger step given that host time.
+        host = max(small["step_s"] - small["arithmetic_s"], 0.0) / small["ops"]
+        factor = max((large["step_s"] - host * large["ops"]) / large["arithmetic_s"], 1.0)
+    return host, factor
 
 
 def predicted_compute_and_ops(plan, device, measured: DeviceProfile) -> tuple[float, float]:

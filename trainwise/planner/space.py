@@ -113,18 +113,14 @@ def batch_options(base: Plan, fixed: frozenset[str], global_batch: int | None,
                                            f"{data_parallel}; closest: {_closest_multiples(global_batch, data_parallel)}")
     per_replica = global_batch // data_parallel
     pairs = [(mb, per_replica // mb) for mb in range(1, per_replica + 1) if per_replica % mb == 0]
-    if "batch_size" in fixed:
-        pairs = [p for p in pairs if p[0] == base.batch_size]
+    for position, knob, flag in ((0, "batch_size", "--batch-size"), (1, "grad_accum", "--grad-accum")):
+        if knob not in fixed:
+            continue
+        value = getattr(base, knob)
+        pairs = [p for p in pairs if p[position] == value]
         if not pairs:
-            raise InputError("--batch-size", f"{base.batch_size} x {data_parallel} data-parallel replicas does not "
-                                             f"divide --global-batch {global_batch}; closest: "
-                                             f"{_closest_multiples(global_batch, base.batch_size * data_parallel)}")
-    if "grad_accum" in fixed:
-        pairs = [p for p in pairs if p[1] == base.grad_accum]
-        if not pairs:
-            raise InputError("--grad-accum", f"{base.grad_accum} x {data_parallel} data-parallel replicas does not "
-                                             f"divide --global-batch {global_batch}; closest: "
-                                             f"{_closest_multiples(global_batch, base.grad_accum * data_parallel)}")
+            raise InputError(flag, f"{value} x {data_parallel} data-parallel replicas does not divide --global-batch "
+                                   f"{global_batch}; closest: {_closest_multiples(global_batch, value * data_parallel)}")
     return tuple(pairs)
 
 

@@ -42,10 +42,15 @@ def alternatives(winner: Candidate, screened: list[Candidate], usable: int | Non
         others = [c for c in screened if key(c) != key(winner)]
         if not others:
             continue
-        fitting = [c for c in others if fits(c, usable)]
-        best = min(fitting, key=lambda c: rank_key(c, timed)) if fitting else min(others, key=lambda c: c.memory_bytes)
+        best = best_of(others, usable, timed)
         lines.append((knob, best, why_lost(winner, best, usable, timed, knob)))
     return lines
+
+
+def best_of(candidates: list[Candidate], usable: int | None, timed: bool) -> Candidate:
+    """The alternative a group is judged by: its best fitting plan, else its smallest."""
+    fitting = [c for c in candidates if fits(c, usable)]
+    return min(fitting, key=lambda c: rank_key(c, timed)) if fitting else min(candidates, key=lambda c: c.memory_bytes)
 
 
 def why_lost(winner: Candidate, other: Candidate, usable: int | None, timed: bool, knob: str) -> str:

@@ -13,7 +13,8 @@ from __future__ import annotations
 from trainwise.common.units import human_bytes
 from trainwise.planner.candidate import Candidate
 from trainwise.planner.layout_screen import EXPOSED_NOTE
-from trainwise.planner.search import data_parallel_of, fits, rank_key
+from trainwise.planner.search import data_parallel_of, fits
+from trainwise.planner.why_lost import best_of
 from trainwise.plan.layout import resolve_layout
 
 # The parts the layout adds; the others are the rank's compute (the screen does not split it).
@@ -50,8 +51,7 @@ def layout_alternatives(winner: Candidate, screened: list[Candidate], usable: in
         members = [c for c in screened if family in family_of(c)]
         if not members:
             continue
-        fitting = [c for c in members if fits(c, usable)]
-        best = min(fitting, key=lambda c: rank_key(c, timed)) if fitting else min(members, key=lambda c: c.memory_bytes)
+        best = best_of(members, usable, timed)
         lines.append((family, best, _line(family, winner, best, usable, timed)))
     return lines
 
