@@ -22,6 +22,7 @@ from trainwise.engine.run_config import RunConfig
 from trainwise.plan import Plan
 
 STEPS = 8
+NPROC_STEPS = 40
 # No --save-every: the only checkpoint is the one the signal makes.
 RUN = ["train", "tiny-llama", "--data", "synthetic", "--device", "cpu", "--seq-len", "16", "--batch-size", "1",
        "--steps", str(STEPS), "--deterministic"]
@@ -135,7 +136,11 @@ def test_sigterm_to_an_nproc_job_stops_every_rank_at_one_step_with_one_checkpoin
     """Two gloo ranks: the launcher relays the signal, the ranks agree on the step, save one
     distributed checkpoint and resume from it to the end (2 launches; about 50 s of CPU)."""
     metrics, out = tmp_path / "metrics.jsonl", tmp_path / "out"
-    argv = [sys.executable, "-m", "trainwise", *RUN, "--nproc", "2", "--output", str(out), "--metrics", str(metrics)]
+    # More steps than the one-process cases: the signal travels launcher -> torchrun -> ranks,
+    # and on a loaded machine 8 millisecond steps could all finish before it arrives.
+    steps = NPROC_STEPS
+    argv = [sys.executable, "-m", "trainwise", *RUN[:-2], str(steps), RUN[-1], "--nproc", "2",
+            "--output", str(out), "--metrics", str(metrics)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
@@ -148,9 +153,9 @@ def test_sigterm_to_an_nproc_job_stops_every_rank_at_one_step_with_one_checkpoin
 
     assert child.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     stopped_after = len(_losses(metrics))
-    assert 1 <= stopped_after < STEPS
+    assert 1 <= stopped_after < steps
     checkpoint = out / "checkpoints" / f"step-{stopped_after:08d}"
-    line = (f"trainwise: stopped by SIGTERM after step {stopped_after} of {STEPS}; "
+    line = (f"trainwise: stopped by SIGTERM after step {stopped_after} of {steps}; "
             f"checkpoint saved in {checkpoint}; continue with --resume")
     assert stderr.splitlines().count(line) == 1  # rank 0 speaks for the job
     assert sorted(p.name for p in (checkpoint / "dcp").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
@@ -161,7 +166,7 @@ def test_sigterm_to_an_nproc_job_stops_every_rank_at_one_step_with_one_checkpoin
     resumed = subprocess.run([*argv, "--resume"], env=env, capture_output=True, text=True, timeout=240)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [line["step"] for line in map(json.loads, metrics.read_text().splitlines()) if "step" in line] == \
-        list(range(1, STEPS + 1))
+        list(range(1, steps + 1))
     lost = lost_files(saved, tree_digest(checkpoint))
     assert lost == 0
     fault_log(kind="fault", case="SIGTERM to `trainwise train --nproc 2 --output DIR` (gloo), then --resume",
