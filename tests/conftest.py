@@ -25,6 +25,13 @@ os.environ["TRAINWISE_CACHE"] = tempfile.mkdtemp(prefix="trainwise-test-cache-")
 _SESSION_LOG = FaultLog()
 
 
+@pytest.fixture(autouse=True)
+def private_profile_cache(tmp_path_factory, monkeypatch):
+    """Each test its own profile cache: a profile one test calibrates or corrects (they go
+    to the cache by default) must not give another test's CPU estimate a step time."""
+    monkeypatch.setenv("TRAINWISE_CACHE", str(tmp_path_factory.mktemp("profile-cache")))
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "fault: injects a fault or a bad input and records it for "
                                        "docs/reliability.md (benchmarks/reliability_report.py)")
