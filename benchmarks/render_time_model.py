@@ -40,7 +40,8 @@ def render(rows: list[dict], summary: dict, verdict: str, warnings: list[str], a
              f"the median of the timed steps), {args.repeat} runs per plan: measured = the median over the runs, "
              "spread = (max - min) / median over the runs. Error = (predicted - measured) / measured. "
              f"Calibration rows: the {summary['calibration_model']} plans (a time model may be tuned on them); "
-             "held out: the other model's. "
+             "held out: the other models' (\"seen during the fix\": looked at while the time model was last "
+             "changed; \"never seen while fixing\": first run once that change was final). "
              f"CPU threads: {args.threads or 'torch default'} (calibration and runs). "
              f"Clock: {_clock(args.clock)}. Whole benchmark: {seconds / 60:.1f} min.", ""]
     lines += [f"**{verdict}**", ""]
@@ -54,7 +55,8 @@ def render(rows: list[dict], summary: dict, verdict: str, warnings: list[str], a
                      f"| {_seconds(row.get('wall_s'))} |")
     lines += ["", "| rows | plans | MAPE | Spearman |", "| --- | ---: | ---: | ---: |",
               _metrics("all (no correction)", summary["all"]), _metrics("calibration", summary["calibration"]),
-              _metrics("held out", summary["held_out"])]
+              _metrics("held out (all)", summary["held_out"])]
+    lines += [_metrics(split, found) for split, found in summary.get("groups", {}).items()]
     if summary.get("correction"):
         lines.append(_metrics(f"held out x {summary['correction']:.3f} (the calibration rows' median "
                               "measured/predicted)", summary["held_out_corrected"]))
@@ -65,7 +67,8 @@ def render(rows: list[dict], summary: dict, verdict: str, warnings: list[str], a
                       f"{profile.measured.get('seconds', '?')} s):", "",
                   "| rate | throughput (measured) | fixed cost per op (measured) |", "| --- | ---: | ---: |"]
         lines += [f"| {what} | {rate} | {fixed} |" for what, rate, fixed in rate_rows(profile)]
-        lines += ["", f"A training step's arithmetic vs the rates above (measured): x {profile.step_compute_factor:.2f}; "
+        lines += ["", f"A training step's arithmetic vs the rates above (measured): x {profile.step_compute_factor:.2f}, "
+                      f"and its work other than matmuls x {profile.step_non_matmul_factor:.2f} more; "
                       f"host time per op in a training step (measured): {1e6 * profile.host_s_per_op:.1f} µs "
                       f"(a bare dispatch: {1e6 * profile.measured.get('host_dispatch_s_per_op', 0):.1f} µs)."]
     return "\n".join(lines) + "\n"

@@ -27,16 +27,6 @@ def test_a_step_faster_than_its_kernels_alone_is_read_as_noise_not_a_factor_belo
     assert factor == 1.0 and host == pytest.approx(0.007 / 700)
 
 
-def test_a_larger_step_slowed_by_other_work_still_leaves_the_small_step_its_host_time():
-    # The larger step took 130x its arithmetic (another process ran): the two-point slope
-    # would leave the small step negative host time; read it at factor 1 instead.
-    small = {"step_s": 0.008, "arithmetic_s": 0.001, "ops": 700}
-    large = {"step_s": 1.3, "arithmetic_s": 0.010, "ops": 700}
-    host, factor = host_and_factor(small, large)
-    assert host == pytest.approx(0.007 / 700)
-    assert factor == pytest.approx((1.3 - 0.007) / 0.010)
-
-
 def test_one_cpu_thread_is_timed_by_this_process_cpu_time_which_sleep_does_not_count():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -47,3 +37,19 @@ def test_one_cpu_thread_is_timed_by_this_process_cpu_time_which_sleep_does_not_c
     started = clock()
     time.sleep(0.05)  # another process holding the core looks like this to the timed one
     assert clock() - started < 0.02
+
+
+def test_matmuls_stay_at_their_rate_and_the_factor_is_fitted_on_the_other_arithmetic():
+    # Made with matmuls at their predicted time, the rest x 2.5 and 8 us per op over 700 ops.
+    small = {"step_s": 0.0002 + 2.5 * 0.0016 + 700 * 8e-6, "arithmetic_s": 0.0018, "matmul_s": 0.0002, "ops": 700}
+    large = {"step_s": 0.030 + 2.5 * 0.025 + 700 * 8e-6, "arithmetic_s": 0.055, "matmul_s": 0.030, "ops": 700}
+    host, factor = host_and_factor(small, large)
+    assert factor == pytest.approx(2.5) and host == pytest.approx(8e-6)
+
+
+def test_a_slope_that_leaves_the_host_less_than_a_bare_dispatch_is_noise_the_host_keeps_the_floor():
+    small = {"step_s": 0.009, "arithmetic_s": 0.0018, "matmul_s": 0.0002, "ops": 700}
+    large = {"step_s": 0.2, "arithmetic_s": 0.014, "matmul_s": 0.0004, "ops": 700}  # a 14x slope: host < 0
+    host, factor = host_and_factor(small, large, least_host_s=2e-6)
+    assert host == pytest.approx(2e-6)
+    assert factor == pytest.approx((0.2 - 0.0004 - 700 * 2e-6) / 0.0136)  # the large step's remainder

@@ -75,3 +75,16 @@ def test_the_step_compute_factor_round_trips_and_an_older_file_without_it_reads_
     del older["step_compute_factor"]
     (tmp_path / "old.json").write_text(json.dumps(older))
     assert read_profile(tmp_path / "old.json").step_compute_factor == 1.0
+
+
+def test_the_transcendental_rate_and_non_matmul_factor_round_trip_and_older_files_read_without_them(tmp_path):
+    profile = DeviceProfile("cpu", "cpu", "test", {"fp32": Rate(1e10)}, {}, Rate(1e9), 1e-5,
+                            transcendental=Rate(1e10, 2e-6), step_non_matmul_factor=2.2)
+    again = read_profile(write_profile(profile, tmp_path / "new.json"))
+    assert again.transcendental == Rate(1e10, 2e-6) and again.step_non_matmul_factor == 2.2
+    older = profile.to_json()
+    del older["transcendental"], older["step_non_matmul_factor"]
+    (tmp_path / "old.json").write_text(json.dumps(older))
+    old = read_profile(tmp_path / "old.json")
+    assert old.transcendental is None and old.step_non_matmul_factor == 1.0
+    assert catalog_profile(resolve_device("H100")).transcendental is None  # a GPU's are memory-bound

@@ -181,3 +181,47 @@ def test_the_step_compute_factor_slows_every_kernel_but_not_the_host():
     for category in ("matmul", "elementwise", "optimizer"):
         assert plain[category] > 0 and slow[category] == pytest.approx(1.5 * plain[category])
     assert slow["host_overhead"] == pytest.approx(plain["host_overhead"]) == pytest.approx(114 * 10e-6)
+
+
+def test_the_non_matmul_factor_slows_all_work_but_matmuls_and_not_the_host():
+    """Calibrate's CPU factor: a step's matmuls run at their isolated rate, its element-wise,
+    attention and optimizer work `step_non_matmul_factor` times slower."""
+    costs = OpCosts({("forward", 0, "matmul", "fp32", False): [10, 10**9, 0, 0],
+                     ("forward", 0, "attention", "fp32", False): [2, 10**8, 0, 0],
+                     ("forward", 0, "elementwise", "fp32", False): [100, 0, 500_000, 500_000],
+                     ("optimizer", 0, "elementwise", "fp32", False): [4, 0, 1_000_000, 0]})
+    plain = step_breakdown(costs, {0: 1, 1: 0}, _plan(), PROFILE)
+    slow = step_breakdown(costs, {0: 1, 1: 0}, _plan(), dataclasses.replace(PROFILE, step_non_matmul_factor=2.0))
+    assert slow["matmul"] == pytest.approx(plain["matmul"]) and plain["matmul"] > 0
+    for category in ("attention", "elementwise", "optimizer"):
+        assert plain[category] > 0 and slow[category] == pytest.approx(2.0 * plain[category])
+    assert slow["host_overhead"] == pytest.approx(plain["host_overhead"])
+
+
+def test_transcendental_ops_are_elementwise_work_at_the_profiles_own_rate_else_the_memory_rate():
+    costs = OpCosts({("forward", 0, "transcendental", "fp32", False): [2, 0, 600_000, 400_000]})
+    at_memory = step_breakdown(costs, {0: 1, 1: 0}, _plan(), PROFILE)
+    own = step_breakdown(costs, {0: 1, 1: 0}, _plan(), dataclasses.replace(PROFILE, transcendental=Rate(1e8, 0.0)))
+    assert at_memory["elementwise"] == pytest.approx(2 * 1e-6 + 1e6 / 1e9)  # no own rate: memory's
+    assert own["elementwise"] == pytest.approx(1e6 / 1e8)
+    assert own["host_overhead"] == pytest.approx(at_memory["host_overhead"]) == pytest.approx(2 * 1e-5)
+
+
+def test_softmax_exp_and_activations_are_transcendental_and_plain_arithmetic_is_not():
+    import torch
+
+    from trainwise.trace.op_costs import classify
+
+    aten = torch.ops.aten
+    for op in (aten._log_softmax.default, aten._log_softmax_backward_data.default, aten.exp.default,
+               aten.silu.default, aten.gelu.default, aten.tanh.default):
+        assert classify(op) == "transcendental", op
+    for op in (aten.add.Tensor, aten.mul.Tensor, aten.tanh_backward.default, aten.sqrt.default):
+        assert classify(op) == "elementwise", op
+
+
+def test_a_traced_llama_step_counts_its_loss_softmax_and_silu_as_transcendental():
+    rows = _trace(resolve_model("tiny-llama"), _plan(), CPU)[0].op_costs.rows
+    forward = sum(v[0] for k, v in rows.items() if k[0] == "forward" and k[2] == "transcendental")
+    backward = sum(v[0] for k, v in rows.items() if k[0] == "backward" and k[2] == "transcendental")
+    assert forward >= 3 and backward >= 3  # log-softmax of the loss and one SiLU per block, and their backward

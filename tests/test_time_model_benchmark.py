@@ -46,3 +46,13 @@ def test_the_verdict_needs_twelve_plans_a_low_mape_and_a_high_rank_correlation()
     shuffled = [_row(i, "held out", 1.0 + 0.01 * i, 1.0 + 0.01 * ((i * 5) % 12)) for i in range(12)]
     summary = time_model.summarize(shuffled)
     assert summary["all"]["mape_pct"] < 15 and not time_model.verdict(summary)[0]
+
+
+def test_each_held_out_group_is_scored_on_its_own_rows_and_every_model_has_a_split():
+    seen = [_row(i, "held out, seen during the fix", 1.0, 1.0) for i in range(3)]
+    fresh = [_row(i, "held out, never seen while fixing", 1.0, 2.0) for i in range(3)]
+    summary = time_model.summarize(seen + fresh)
+    assert summary["groups"]["held out, seen during the fix"]["mape_pct"] == pytest.approx(0.0)
+    assert summary["groups"]["held out, never seen while fixing"]["mape_pct"] == pytest.approx(50.0)
+    assert summary["held_out"]["n"] == 6 and "calibration" not in summary["groups"]
+    assert set(time_model.SPLITS) == {time_model.CALIBRATION_MODEL, *time_model.CONFIG_MODELS}

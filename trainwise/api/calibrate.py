@@ -98,7 +98,8 @@ def calibrate(device: str = "cpu", out: str | Path | None = None, nproc: int = 1
     profile = DeviceProfile(device_name=_device_name(target), kind=target.kind, source=str(path),
                             matmul=rates["matmul"], attention=rates["attention"], memory=rates["memory"],
                             host_s_per_op=rates["host_s_per_op"], collectives=rates.get("collectives", {}),
-                            host_to_device=rates.get("host_to_device"), measured=measured)
+                            host_to_device=rates.get("host_to_device"), measured=measured,
+                            transcendental=rates["transcendental"])
     if target.kind == "cpu":
         profile = _with_training_host(profile, torch_device, settings, spreads)
     seconds = round(time.perf_counter() - started, 1)
@@ -126,6 +127,7 @@ def _measure_one_device(device, settings) -> tuple[dict, dict, dict]:
         if dtype != "tf32":  # attention in fp32 with TF32 allowed: the tf32 matmul rate stands in
             rates["attention"][dtype] = keep(f"attention {dtype}", compute.measure_attention(device, dtype, settings))
     rates["memory"] = keep("memory", memory.measure_memory(device, settings))
+    rates["transcendental"] = keep("transcendental", memory.measure_transcendental(device, settings))
     rates["host_s_per_op"], spreads["host per op"] = memory.measure_host_overhead(device, settings)
     optimizer = memory.measure_optimizer(device, settings)
     keep("optimizer step", optimizer)
@@ -149,7 +151,7 @@ def _with_training_host(profile: DeviceProfile, device, settings, spreads: dict)
     spreads["training step"] = max(point["spread"] for point in found["steps"])
     profile.measured["host_dispatch_s_per_op"] = profile.host_s_per_op
     profile.measured["training_step"] = found
-    return dataclasses.replace(profile, host_s_per_op=host, step_compute_factor=factor)
+    return dataclasses.replace(profile, host_s_per_op=host, step_non_matmul_factor=factor)
 
 
 def _device_name(target: Device) -> str:

@@ -33,6 +33,27 @@ def measure_memory(device: torch.device, settings: Settings) -> Fit:
     return fit(measure_sizes(cases, sync, settings))
 
 
+def measure_transcendental(device: torch.device, settings: Settings) -> Fit:
+    """The Rate (bytes read + written, as the trace counts them) of fp32 element-wise ops
+    that evaluate a transcendental function: exp, tanh, SiLU, and a log-softmax over rows
+    of 1024 with its backward (the loss of a language model)."""
+    sync, cases = synchronizer(device), []
+    for n in _element_counts(device, settings):
+        cases.append((2 * n * FP32_BYTES, _binary(n, device, lambda a, b, out: torch.exp(a, out=out))))
+        cases.append((2 * n * FP32_BYTES, _binary(n, device, lambda a, b, out: torch.tanh(a, out=out))))
+        cases.append((2 * n * FP32_BYTES, _binary(n, device, lambda a, b, out: torch.nn.functional.silu(a))))
+        if n >= 1024:
+            cases.append((5 * n * FP32_BYTES, _binary(n, device, _log_softmax_forward_backward)))
+    return fit(measure_sizes(cases, sync, settings))
+
+
+def _log_softmax_forward_backward(a, b, out):
+    """Forward (reads a, writes y) and backward (reads the gradient and y, writes one)."""
+    rows = a.view(-1, 1024)
+    y = torch._log_softmax(rows, -1, False)
+    return torch._log_softmax_backward_data(b.view(-1, 1024), y, -1, a.dtype)
+
+
 def _binary(n: int, device: torch.device, op):
     def make():
         a, b, out = (torch.rand(n, device=device) for _ in range(3))

@@ -14,11 +14,15 @@ def rate_rows(profile) -> list[tuple[str, str, str]]:
     rows += [(f"attention {dtype} (fwd+bwd)", _tflops(rate), _micro(rate.fixed_s))
              for dtype, rate in profile.attention.items()]
     rows.append(("memory (bytes read + written)", _gbs(profile.memory.per_s), _micro(profile.memory.fixed_s)))
+    if profile.transcendental:
+        rows.append(("exp, tanh, softmax... (bytes read + written)", _gbs(profile.transcendental.per_s),
+                     _micro(profile.transcendental.fixed_s)))
     dispatch = profile.measured.get("host_dispatch_s_per_op")
     if dispatch is not None:  # the CPU: the bare dispatch, and an op's host time in a training step
         rows.append(("host per eager op (bare dispatch)", "-", _micro(dispatch)))
         rows.append(("host per op in a training step", "-", _micro(profile.host_s_per_op)))
-        rows.append((f"training step's arithmetic: x {profile.step_compute_factor:.2f} the rates above", "-", "-"))
+        rows.append((f"training step's arithmetic: x {profile.step_compute_factor:.2f} the rates above, other than "
+                     f"matmuls x {profile.step_non_matmul_factor:.2f} more", "-", "-"))
     else:
         rows.append(("host per eager op", "-", _micro(profile.host_s_per_op)))
     optimizer = profile.measured.get("optimizer_step")

@@ -4,9 +4,13 @@ The memory trace also sums every op's work by kind (trainwise/trace/op_costs.py)
 FLOPs and bytes per (phase, micro-step, op class, dtype, recomputed?). Each kind meets one
 rate of the device profile (trainwise/hardware/profile.py), an op of size x taking
 `fixed_s + x / per_s`: matmuls and attention on their FLOPs at the dtype's rate, every
-other op on the bytes it reads and writes at the memory rate, times the profile's
+other op on the bytes it reads and writes at the memory rate (element-wise transcendental
+functions at the profile's `transcendental` rate where it has one), times the profile's
 `step_compute_factor` (how much slower a training step's kernels ran than the same kernels
-timed alone, measured by calibrate on the CPU; 1.0 otherwise). The host dispatches each op
+timed alone; 1.0 otherwise) and, for every op but matmuls, `step_non_matmul_factor` (the
+same for element-wise, normalisation, attention and optimizer work, which calibrate
+measures on the CPU: a step's matmuls run near their isolated rate, its element-wise ops on
+fresh buffers do not). The host dispatches each op
 (`host_s_per_op`, on the CPU measured in a training step; views and other kernel-less ops
 a quarter of that).
 
@@ -41,6 +45,9 @@ OFF_CRITICAL_PATH = ("communication_overlapped",)
 METADATA_HOST_SHARE = 0.25
 # The catalog peak (and matmul rate) each precision's matmuls run at.
 COMPUTE_DTYPE = {"fp32": "fp32", "tf32": "tf32", "fp16": "fp16", "bf16": "bf16", "bf16-pure": "bf16"}
+# Op classes a training step runs at their isolated rate: not slowed by the profile's
+# step_non_matmul_factor.
+AT_ISOLATED_RATE = ("matmul",)
 # Phases whose device work the host can run ahead of, on CUDA (recomputation is backward's).
 OVERLAP_GROUPS = {"forward": "forward", "backward": "backward", "optimizer": "optimizer", "zero_grad": "optimizer"}
 
@@ -108,8 +115,8 @@ def step_breakdown(costs: OpCosts, weights: dict[int, int], plan: Plan, profile:
         phase, micro, op_class, dtype, recomputed = key
         times = weights[micro] if phase in ("data", "forward", "backward") else 1
         category, seconds = _device_seconds(key, values, plan, profile)
-        if phase != "data":
-            seconds *= profile.step_compute_factor  # a training step's kernels vs one kernel timed alone
+        if phase != "data":  # a training step's kernels vs one kernel timed alone
+            seconds *= profile.step_compute_factor * (1.0 if op_class in AT_ISOLATED_RATE else profile.step_non_matmul_factor)
         breakdown[category] += seconds * times
         if phase == "data":
             continue  # the batch is ready before the step's ops are queued
@@ -142,13 +149,16 @@ def _device_seconds(key: tuple, values: list[int], plan: Plan, profile: DevicePr
         compute = _compute_dtype(dtype, plan)
         rate = profile.matmul_rate(compute) if op_class == "matmul" else profile.attention_rate(compute)
         seconds = _seconds(rate, ops, flops)
+    elif op_class == "transcendental":
+        seconds = _seconds(profile.transcendental or profile.memory, ops, read + written)
     else:
         seconds = _seconds(profile.memory, ops, read + written)
     if phase in ("optimizer", "zero_grad"):
         return "optimizer", seconds
     if recomputed:
         return "recompute", seconds
-    return ("elementwise" if op_class == "metadata" else op_class), seconds  # metadata: host time only
+    # metadata: host time only; transcendental ops are element-wise work at their own rate.
+    return ("elementwise" if op_class in ("metadata", "transcendental") else op_class), seconds
 
 
 def _seconds(rate: Rate, ops: int, amount: int) -> float:

@@ -89,6 +89,16 @@ class DeviceProfile:
     # kernel at a time (operands cold in cache, strided tensors); measured by calibrate on
     # the CPU from a reference training step, 1.0 for catalog figures and older files.
     step_compute_factor: float = 1.0
+    # Bytes read + written by element-wise ops that evaluate a transcendental function (exp,
+    # log, tanh, erf: trainwise/trace/op_costs.py), measured by calibrate: on a CPU core
+    # their arithmetic, not memory, sets the pace. None (catalog, older files): the memory rate.
+    transcendental: Rate | None = None
+    # How much slower a training step's work other than matmuls (element-wise, norms,
+    # attention, the optimizer) runs than the rates above, on top of step_compute_factor.
+    # Calibrate fits this one on the CPU and leaves step_compute_factor at 1.0: a step's
+    # matmuls run near their rate timed alone, its element-wise ops on fresh, cold buffers
+    # do not. 1.0 for catalog figures and older files (whose one factor slowed everything).
+    step_non_matmul_factor: float = 1.0
 
     def matmul_rate(self, dtype: str) -> Rate | None:
         return self.matmul.get(dtype) or self.matmul.get("fp32")
@@ -104,11 +114,13 @@ class DeviceProfile:
                 "collectives": {k: r.to_json() for k, r in self.collectives.items()},
                 "host_to_device": self.host_to_device.to_json() if self.host_to_device else None,
                 "corrections": dict(self.corrections), "measured": dict(self.measured),
-                "step_compute_factor": self.step_compute_factor}
+                "step_compute_factor": self.step_compute_factor,
+                "transcendental": self.transcendental.to_json() if self.transcendental else None,
+                "step_non_matmul_factor": self.step_non_matmul_factor}
 
     @classmethod
     def from_json(cls, data: dict, source: str) -> "DeviceProfile":
-        host = data.get("host_to_device")
+        host, transcendental = data.get("host_to_device"), data.get("transcendental")
         return cls(device_name=str(data["device_name"]), kind=str(data["kind"]), source=source,
                    matmul={k: Rate.from_json(v) for k, v in data["matmul"].items()},
                    attention={k: Rate.from_json(v) for k, v in data.get("attention", {}).items()},
@@ -117,7 +129,9 @@ class DeviceProfile:
                    host_to_device=Rate.from_json(host) if host else None,
                    corrections={k: float(v) for k, v in data.get("corrections", {}).items()},
                    measured=dict(data.get("measured", {})),
-                   step_compute_factor=float(data.get("step_compute_factor", 1.0)))
+                   step_compute_factor=float(data.get("step_compute_factor", 1.0)),
+                   transcendental=Rate.from_json(transcendental) if transcendental else None,
+                   step_non_matmul_factor=float(data.get("step_non_matmul_factor", 1.0)))
 
 
 def catalog_profile(device: Device) -> DeviceProfile | None:

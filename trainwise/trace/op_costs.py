@@ -16,6 +16,10 @@ Op classes (decided here, documented in docs/plan.md):
   and element-wise ops run inside a module whose class is a norm (Llama's RMSNorm is
   written as element-wise ops). Autograd gives no module in backward, so the backward of
   such a norm counts as "elementwise";
+* "transcendental": element-wise ops that evaluate exp, log, tanh, erf or a sine per element
+  (softmax and log-softmax and their backward, SiLU, GELU, sigmoid, ...): memory-bound on a
+  GPU, but on a CPU core the arithmetic of each element costs more than moving it, so a
+  profile may give them their own rate (bytes read and written, as "elementwise");
 * "metadata": views, aliases, `empty` and the like: they go through the dispatcher (host
   time) but launch no kernel and move no bytes;
 * "elementwise": every other op, memory-bound, costed by the bytes it reads and writes.
@@ -37,7 +41,7 @@ from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sd
 
 from trainwise.trace.flops_formulas import model_flop_formulas
 
-CLASSES = ("matmul", "attention", "normalization", "elementwise", "metadata")
+CLASSES = ("matmul", "attention", "normalization", "transcendental", "elementwise", "metadata")
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
 for _name in ("float8_e4m3fn", "float8_e5m2"):
     if hasattr(torch, _name):
@@ -54,6 +58,13 @@ ATTENTION_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_fla
                  "_efficient_attention_forward", "_efficient_attention_backward")
 MATMUL_OPS = ("mm", "bmm", "addmm", "baddbmm", "_scaled_mm", "convolution", "_convolution", "convolution_backward",
               "cudnn_convolution", "convolution_overrideable", "_slow_conv2d_forward", "_grouped_mm")
+# Element-wise ops whose per-element work is a transcendental function (their backward too
+# where it evaluates one again); cheap backward formulas (tanh's 1 - y^2) stay "elementwise".
+TRANSCENDENTAL_OPS = ("exp", "exp_", "exp2", "expm1", "log", "log_", "log1p", "log2", "log10", "logsumexp",
+                      "_softmax", "_softmax_backward_data", "_log_softmax", "_log_softmax_backward_data",
+                      "_safe_softmax", "tanh", "tanh_", "sigmoid", "sigmoid_", "silu", "silu_", "silu_backward",
+                      "gelu", "gelu_", "gelu_backward", "erf", "erf_", "erfinv", "sin", "cos", "softplus",
+                      "softplus_backward", "mish", "mish_backward", "elu", "elu_backward")
 # Ops with no kernel. Views are recognised from their schema (an output aliasing an input);
 # `_unsafe_view` is a view whose schema does not say so.
 NO_KERNEL_OPS = ("_unsafe_view", "empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "detach",
@@ -156,6 +167,8 @@ def classify(func) -> str:
         return "attention"
     if name in NORM_OPS:
         return "normalization"
+    if name in TRANSCENDENTAL_OPS:
+        return "transcendental"
     if name in NO_KERNEL_OPS or func.namespace == "prim" or _is_view(func):
         return "metadata"
     return "elementwise"
