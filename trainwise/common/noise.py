@@ -22,6 +22,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from trainwise.common.nvml import nvml_session
+
 SPREAD_LIMIT = 0.10  # a fraction: above it, two timings' ratio is not shown
 TRIM_FROM = 5  # with this many samples or more, the fastest and slowest are left out of the spread
 IDLE_SLACK_CPUS = 0.5  # background load tolerated beside a timing, in CPUs
@@ -170,28 +172,20 @@ def _gpu_reason() -> str | None:
     """Another process on a visible GPU, or a GPU already working, as NVML reports it
     (None without NVML). A process NVML lists under a pid this tree does not know (a
     container can hide the host's pids) counts as another's: call it between runs."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no NVML library or driver: nothing to ask
-        return None
-    try:
-        ours = _own_pids()
-        for index, handle in _visible_gpus(pynvml):
-            others = [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle) if p.pid not in ours]
-            if others:
-                return f"GPU busy: GPU {index} is used by other processes (pid {', '.join(map(str, others[:3]))})"
-            utilisation = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
-            if utilisation > GPU_BUSY_UTILISATION:
-                return f"GPU busy: GPU {index} was {utilisation} % utilised before the run"
-    except Exception:  # noqa: BLE001 - a query this driver does not support
-        return None
-    finally:
+    with nvml_session() as pynvml:
+        if pynvml is None:
+            return None
         try:
-            pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
+            ours = _own_pids()
+            for index, handle in _visible_gpus(pynvml):
+                others = [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle) if p.pid not in ours]
+                if others:
+                    return f"GPU busy: GPU {index} is used by other processes (pid {', '.join(map(str, others[:3]))})"
+                utilisation = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
+                if utilisation > GPU_BUSY_UTILISATION:
+                    return f"GPU busy: GPU {index} was {utilisation} % utilised before the run"
+        except Exception:  # noqa: BLE001 - a query this driver does not support
+            return None
     return None
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainwise.common.nvml import nvml_session
+
 # NVML's nvmlGpuTopologyLevel_t values, in order of distance.
 _PATH_BY_LEVEL = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 PATH_MEANING = {
@@ -46,24 +48,17 @@ def link_from(nvlinks: int, common_ancestor_level: int | None) -> Link:
 def read_links(pci_bus_ids: list[str]) -> list[list[Link | None]] | None:
     """Matrix of links between the GPUs with these PCI bus ids (None on the diagonal), or
     None when NVML is not available."""
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no package, no driver library, or no permission
-        return None
-    try:
-        handles = [pynvml.nvmlDeviceGetHandleByPciBusId(bus) for bus in pci_bus_ids]
-        buses = [_normal_bus(pynvml.nvmlDeviceGetPciInfo(h).busId) for h in handles]
-        return [[None if i == j else link_from(_nvlinks_to(pynvml, handles[i], buses[j]),
-                                               _ancestor(pynvml, handles[i], handles[j]))
-                 for j in range(len(handles))] for i in range(len(handles))]
-    except Exception:  # noqa: BLE001 - NVML present but refusing (containers, old drivers)
-        return None
-    finally:
+    with nvml_session() as pynvml:
+        if pynvml is None:
+            return None
         try:
-            pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
+            handles = [pynvml.nvmlDeviceGetHandleByPciBusId(bus) for bus in pci_bus_ids]
+            buses = [_normal_bus(pynvml.nvmlDeviceGetPciInfo(h).busId) for h in handles]
+            return [[None if i == j else link_from(_nvlinks_to(pynvml, handles[i], buses[j]),
+                                                   _ancestor(pynvml, handles[i], handles[j]))
+                     for j in range(len(handles))] for i in range(len(handles))]
+        except Exception:  # noqa: BLE001 - NVML present but refusing (containers, old drivers)
+            return None
 
 
 def _nvlinks_to(pynvml, handle, remote_bus: str) -> int:
