@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from trainwise.hardware import Device
+from trainwise.hardware.peak import peak_flops_for
 from trainwise.hardware.profile import DeviceProfile, Rate
 from trainwise.plan.plan import Plan
 from trainwise.trace.depth import DepthFit, extrapolate_by_kind
@@ -44,7 +45,6 @@ OFF_CRITICAL_PATH = ("communication_overlapped",)
 # 6.6 us for a view and an add of an 8x8 tensor, eager, on this project's 2-core CPU.
 METADATA_HOST_SHARE = 0.25
 # The catalog peak (and matmul rate) each precision's matmuls run at.
-COMPUTE_DTYPE = {"fp32": "fp32", "tf32": "tf32", "fp16": "fp16", "bf16": "bf16", "bf16-pure": "bf16"}
 # Op classes a training step runs at their isolated rate: not slowed by the profile's
 # step_non_matmul_factor.
 AT_ISOLATED_RATE = ("matmul",)
@@ -199,7 +199,7 @@ def _step_time(breakdown: dict[str, float], model_flops: int, plan: Plan, device
         notes.append(f"multiplied by {correction:.3f}, the measured/predicted ratio stored as {key!r} in the profile")
     step_s = sum(s for name, s in breakdown.items() if name not in OFF_CRITICAL_PATH)
     samples = plan.batch_size * chunks * plan.grad_accum
-    peak = device.gpu.peak(COMPUTE_DTYPE[plan.precision]) if device.gpu is not None else None
+    peak, _ = peak_flops_for(device, plan.precision)
     mfu = model_flops / step_s / peak if peak and step_s > 0 else None
     return StepTime(step_s=step_s, tokens_per_s=samples * plan.seq_len / step_s if step_s else 0.0,
                     samples_per_s=samples / step_s if step_s else 0.0, mfu=mfu, source=profile.source,

@@ -13,7 +13,7 @@ from trainwise.common.errors import InputError
 from trainwise.estimate.collective_time import Topology
 from trainwise.estimate.layout_time import LayoutTime, layout_time
 from trainwise.estimate.rank_work import RankWork, communicated_bytes
-from trainwise.estimate.step_time import COMPUTE_DTYPE
+from trainwise.hardware.peak import peak_flops_for
 from trainwise.hardware import Device
 from trainwise.hardware.profile import DeviceProfile
 from trainwise.models import ModelSpec
@@ -83,7 +83,7 @@ def _candidate(plan: Plan, layout: Layout, memory: int, timed: LayoutTime) -> Ca
 def screen_mfu(candidate: Candidate, unit: TracedUnit, blocks: int, device: Device) -> float | None:
     """Model FLOPs utilisation of a screened plan, rough: 6 x parameters x tokens per step
     (attention's own FLOPs left out) over all GPUs' catalog peak at the plan's precision."""
-    peak = device.gpu.peak(COMPUTE_DTYPE[candidate.plan.precision]) if device.gpu is not None else None
+    peak, _ = peak_flops_for(device, candidate.plan.precision)
     if not peak or not candidate.step_s:
         return None
     params = unit.tp * (unit.block_params * blocks + unit.whole_params)

@@ -19,6 +19,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from trainwise.estimate.layout_step import chunk_seconds
 from trainwise.estimate.predict import one_device_estimate
 from trainwise.estimate.rank_activations import loss_parallel_extra, sequence_parallel_saving
 from trainwise.estimate.rank_shapes import rank_config, rank_reshape
@@ -125,17 +126,12 @@ _TRACES: dict[UnitKey, dict[tuple[int, int], EstimateResult]] = {}
 
 def time_model_seconds(result: EstimateResult) -> tuple[float, float, float]:
     """(forward, backward, optimizer) seconds from the time model's StepTime on the result
-    (`result.time`): the optimizer's own category, recomputation in backward, and the rest
-    split 1 : 2 between forward and backward (a backward computes two products per
-    forward one: the inputs' and the weights' gradients)."""
+    (`result.time`), split as the layout estimate splits a rank's (layout_step.chunk_seconds)."""
     time = getattr(result, "time", None)
     if time is None:
         raise ValueError("the layout screen needs the step-time model's EstimateResult.time (a device profile)")
-    breakdown = dict(time.breakdown)
-    optimizer = breakdown.pop("optimizer", 0.0)
-    recompute = breakdown.pop("recompute", 0.0)
-    compute = sum(breakdown.values())
-    return compute / 3, 2 * compute / 3 + recompute, optimizer
+    forward, backward, optimizer, _ = chunk_seconds(time, 1)
+    return forward, backward, optimizer
 
 
 def traced_unit(spec: ModelSpec, plan: Plan, device: Device, tp: int, sequence_parallel: bool,
