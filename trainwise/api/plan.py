@@ -9,7 +9,6 @@ Everything that can be refused is refused before the first trace (exit 2, one li
 
 from __future__ import annotations
 
-import inspect
 import os
 import time
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from trainwise.api.plan_layouts import check_layout_request, layout_candidates
 from trainwise.common.errors import InputError
 from trainwise.common.units import human_bytes
 from trainwise.hardware import Device, resolve_device
+from trainwise.hardware.profile import DeviceProfile, profile_for
 from trainwise.models import ModelSpec, check_seq_len, resolve_model
 from trainwise.models.attention import attention_refusal
 from trainwise.models.quiet import quiet_transformers
@@ -65,15 +65,16 @@ def estimate_evaluator(spec: ModelSpec, profile=None, **topology) -> Evaluator:
     """Evaluator backed by `trainwise.api.estimate` (memoized by plan). Compile is traced
     eager (its effect is not predicted; the plan keeps the user's --compile). `topology`:
     gpus_per_node, inter_node_gbps for a layout's communication."""
-    takes_profile = "profile" in inspect.signature(estimate).parameters
-    if profile is not None and not takes_profile:
-        raise InputError("--profile", "this build's estimate has no step-time model to read a profile with")
-    kwargs = {"profile": profile, **topology} if takes_profile else {}
     seen: dict[Plan, Measure] = {}
+    profiles: dict[str, object] = {}  # read once per device, not once per estimate
 
     def evaluate(plan: Plan) -> Measure:
         if plan not in seen:
-            seen[plan] = measure_of(estimate(spec, plan.replace(compile=False), **kwargs))
+            if plan.device not in profiles:
+                profiles[plan.device] = profile_for(resolve_device(plan.device), profile) \
+                    if not isinstance(profile, DeviceProfile) else profile
+            seen[plan] = measure_of(estimate(spec, plan.replace(compile=False), profile=profiles[plan.device],
+                                             **topology))
         return seen[plan]
     return evaluate
 
