@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from trainwise.common.errors import InputError
-from trainwise.plan.foreign_reading import APPROXIMATE, Reading, Setting
+from trainwise.plan.foreign_reading import Reading, Setting
 from trainwise.plan.from_accelerate import read_accelerate
 from trainwise.plan.from_deepspeed import read_deepspeed
 from trainwise.plan.from_training_args import deepspeed_reading, read_training_args
@@ -126,7 +126,3 @@ def _layout(readings: list[Reading], values: dict, typed: dict, notes: list[str]
         notes.append(f"{first.source} runs data parallel ({first.data_parallel_key}) without saying over how many GPUs: "
                      "estimated for one GPU (DDP adds little per GPU); give --nproc N for the per-GPU figures")
 
-
-def approximate_settings(config: ForeignConfig) -> list[Setting]:
-    """The settings mapped approximately (what a user should read before trusting the figures)."""
-    return [s for s in config.settings if s.how == APPROXIMATE]
