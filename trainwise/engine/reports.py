@@ -5,7 +5,8 @@ Each report is a mirror of the metrics file (`engine/metrics.py` calls its `step
 settings as hyperparameters. The event files go to `--report-dir`, by default `runs/`
 under `--output`, else beside the `--metrics` file; a run with neither has nowhere to put
 them and is refused before it starts. The loss and throughput chart (`run_chart.py`) is a
-mirror too, written beside the metrics file at the end of every run that has one."""
+mirror too, written beside the metrics file at the end of every run that has one (unless
+--no-chart: the bench's rows, timed in fresh processes, skip it)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,6 @@ def open_reports(run, plan, resume_from_step: int | None) -> list:
         from trainwise.engine.report_wandb import WandbReport
 
         mirrors.append(WandbReport(directory / "wandb", hparams, resume_from_step))
-    if run.metrics:
+    if run.metrics and not run.no_chart:
         mirrors.append(RunChart(Path(run.metrics).with_suffix(".png")))
     return mirrors

@@ -35,6 +35,7 @@ class RunConfig:
     log_every: int = knob(1, "log metrics every N steps", minimum=1)
     report_to: str = knob("none", "dashboards that also get the metrics: none, tensorboard, wandb, or several "
                                   "comma-separated (wandb stays offline unless you configured it)")
+    no_chart: bool = knob(False, "do not write the loss and throughput chart (PNG beside --metrics)")
     report_dir: str | None = knob(None, "where dashboards write (default: runs/ under --output, else beside "
                                         "--metrics)", optional=True, kind=str)
     timing_warmup: int | None = knob(None, "steps excluded from the throughput summary "
