@@ -22,6 +22,10 @@ from fault_log import FaultLog
 # any test (and any process a test starts, which inherits it) runs.
 os.environ["TRAINWISE_CACHE"] = tempfile.mkdtemp(prefix="trainwise-test-cache-")
 
+# No test reaches the Hugging Face Hub (this machine may have no network; a Hub id's
+# config.json is read from a cache a test lays out): set before transformers is imported.
+os.environ["HF_HUB_OFFLINE"] = "1"
+
 _SESSION_LOG = FaultLog()
 
 

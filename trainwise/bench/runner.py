@@ -43,7 +43,7 @@ class RowJob:
 def command(job: RowJob, plan_file: Path, metrics: Path) -> list[str]:
     """The child's command line for `job`."""
     if job.engine == "trainwise":
-        argv = [sys.executable, "-m", "trainwise", "train", job.model]
+        argv = [sys.executable, "-m", "trainwise", "train", job.model, "--no-chart"]  # timed rows draw nothing
     else:
         argv = [sys.executable, "-m", "trainwise.bench.hf_trainer_worker", job.model]
     argv += ["--plan", str(plan_file), "--data", "synthetic", "--steps", str(job.steps),

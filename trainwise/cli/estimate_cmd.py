@@ -22,6 +22,10 @@ def register(commands) -> None:
                         help="under a layout: GPUs per node, ranks numbered node by node (default: all on one node)")
     parser.add_argument("--inter-node-gbps", default=None, metavar="X",
                         help="under a layout: the link between nodes, Gbit/s per GPU (default: 400)")
+    parser.add_argument("--from-training-args", metavar="FILE", action="append", default=None,
+                        help="read the plan from a Transformers TrainingArguments JSON (to_json_string()), a DeepSpeed "
+                             "config or an accelerate config; repeat for several; flags typed win; every setting mapped "
+                             "approximately or ignored is listed")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--by-module", action="store_true", help="also show which modules hold the activations")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -36,6 +40,7 @@ def run(args) -> int:
     from trainwise.api import estimate
     from trainwise.cli.output import print_json
     from trainwise.cli.render_estimate import render_estimate
+    from trainwise.cli.render_foreign import render_foreign
     from trainwise.cli.train_auto import resolve_auto, take_auto_request
 
     per_node = number_option(args, "gpus_per_node")
@@ -44,7 +49,9 @@ def run(args) -> int:
     if auto.plan:
         from trainwise.common.errors import InputError
         raise InputError("--plan", "auto is for `trainwise train`; to search plans use `trainwise plan`")
-    plan = plan_from_args(args)
+    foreign = read_foreign(args)
+    plan = plan_from_args(args, foreign.values if foreign else None)
+    per_node = per_node or (foreign.gpus_per_node if foreign else None)
     plan = resolve_auto(auto, plan, args.model, plan.device, args.task, args.trust_remote_code)
     result = estimate(args.model, plan, task=args.task, trust_remote_code=args.trust_remote_code,
                       profile=args.profile, gpus_per_node=per_node, inter_node_gbps=inter_node)
@@ -52,7 +59,24 @@ def run(args) -> int:
         data = result.to_json()
         if args.by_module:
             data["activations_by_module"] = result.activations_by_module
+        if foreign:
+            data["from_training_args"] = foreign.to_json()
         print_json(data)
     else:
-        render_estimate(result, Console(), by_module=args.by_module)
+        console = Console()
+        if foreign:
+            render_foreign(foreign, console)
+        render_estimate(result, console, by_module=args.by_module)
     return 0
+
+
+def read_foreign(args):
+    """The knobs of the --from-training-args files (None without the flag); read before any
+    model is built, so a setting with no equivalent stops the command at once."""
+    if not args.from_training_args:
+        return None
+    from trainwise.cli.flags import typed_values
+    from trainwise.plan import Plan
+    from trainwise.plan.foreign_config import read_foreign_configs
+
+    return read_foreign_configs(args.from_training_args, typed_values(args, Plan.specs()))

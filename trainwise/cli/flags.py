@@ -35,8 +35,10 @@ def typed_values(args: argparse.Namespace, specs: Iterable[KnobSpec]) -> dict[st
     return {k: v for k, v in vars(args).items() if k in names}
 
 
-def plan_from_args(args: argparse.Namespace) -> Plan:
-    return plan_from_sources(args.plan, typed_values(args, Plan.specs()))
+def plan_from_args(args: argparse.Namespace, underneath: dict[str, Any] | None = None) -> Plan:
+    """The Plan of the typed flags over the plan file; `underneath`: knob values between the
+    two (read from another tool's configuration), which the typed flags override."""
+    return plan_from_sources(args.plan, {**(underneath or {}), **typed_values(args, Plan.specs())})
 
 
 def add_auto_batch_flags(parser: argparse.ArgumentParser) -> None:

@@ -93,6 +93,8 @@ def render_summary(result: TrainResult, console: Console) -> None:
         table.add_row("skipped steps", str(summary["skipped_steps"]), "", "")
     console.print(table)
     console.print(f"memory measured by: {summary.get('memory_method')}", highlight=False)
+    for report in summary.get("reports") or ():
+        console.print(f"logs: {report}", highlight=False, soft_wrap=True)  # a path stays copyable
     outcome = result.outcome
     if outcome and outcome.checkpoint:
         console.print(f"checkpoint: {outcome.checkpoint}")

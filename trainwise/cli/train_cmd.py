@@ -7,6 +7,7 @@ import sys
 
 from trainwise.cli.flags import add_auto_batch_flags, add_knob_flags, add_spec_flags, plan_from_args, typed_values
 from trainwise.cli.verify_args import add_verify_arguments
+from trainwise.engine.reports import check_reports
 from trainwise.engine.run_config import RunConfig
 
 DEFAULT_MODEL = "tiny-llama"
@@ -58,6 +59,7 @@ def run(args) -> int:
         chosen = {**from_file, **typed_values(args, plan.specs())}
         plan = plan.replace(**{k: v for k, v in DEMO_KNOBS.items() if k not in chosen})
     run_config = RunConfig.from_dict(typed_values(args, RunConfig.specs()))
+    check_reports(run_config)
     warning = check_restart_request(run_config, plan.nproc)
     # With no --device anywhere, train on what is here (the Plan's default names CUDA).
     explicit = "device" in vars(args) or "device" in from_file

@@ -19,6 +19,7 @@ from torch import nn
 from trainwise.engine.data import build_data
 from trainwise.engine.flops import peak_flops_for
 from trainwise.engine.output_preflight import check_training_output, count_parameters_of
+from trainwise.engine.reports import check_reports
 from trainwise.engine.parallel.consistency import check_same_settings, settings_of
 from trainwise.engine.parallel.mesh import Distributed, launched_world_size, start_distributed
 from trainwise.engine.parallelize import parallelize
@@ -79,14 +80,15 @@ def train_job(model: str | ModelSpec | nn.Module, data: Iterable | None, plan: P
         plan = plan.replace(device=device.type)
     spec = model_spec(model, task, trust_remote_code)
     # Before any process group or model:
+    check_reports(run)
     plan, notes, layout = advisor.check_request(plan, device, spec, launched_world_size())
     distributed = start_distributed(plan, device.type, layout)
     if distributed.has_mesh:
         check_same_settings(settings_of(plan, run), distributed)
         if device.type == "cuda":
             device = torch.device("cuda", distributed.local_rank)
-        if not distributed.is_main:  # rank 0 alone writes the metrics file
-            run = run.replace(metrics=None)
+        if not distributed.is_main:  # rank 0 alone writes the metrics file and the dashboards
+            run = run.replace(metrics=None, report_to="none")
     # The same seed on every rank: replicas start equal, and shards are cut from one model.
     seed_everything(run.seed, run.deterministic)
     if run.output and distributed.is_main:  # before the build: a run that cannot save is not started

@@ -32,8 +32,10 @@ class MetricsLog:
     A fresh run (`resume_from_step` None) starts the file empty; a run resumed from the
     checkpoint after step k keeps the whole step lines with step <= k."""
 
-    def __init__(self, path: str | Path | None, resume_from_step: int | None = None):
+    def __init__(self, path: str | Path | None, resume_from_step: int | None = None, mirrors: list | None = None):
         self.path = Path(path) if path else None
+        # Dashboards and the chart (engine/reports.py): each gets every line this file gets.
+        self.mirrors = list(mirrors or [])
         if self.path is None:
             return
         kept = _lines_up_to(self.path, resume_from_step) if resume_from_step is not None else []
@@ -41,11 +43,27 @@ class MetricsLog:
 
     def step(self, line: dict) -> None:
         """Append one step line (`line` needs at least "step")."""
-        self._append(_in_order(line, STEP_KEYS))
+        line = _finite(_in_order(line, STEP_KEYS))
+        self._append(line)
+        for mirror in self.mirrors:
+            mirror.step(line)
 
     def summary(self, summary: dict) -> None:
-        """Append the run's summary line (the last line of the file)."""
-        self._append({"summary": _in_order(summary, SUMMARY_KEYS)})
+        """Append the run's summary line (the last line of the file), and close the mirrors.
+        With mirrors, `summary` gains "reports": where each one wrote (for the run's output)."""
+        if self.mirrors:
+            summary["reports"] = [mirror.describe() for mirror in self.mirrors]
+        summary = _in_order(summary, SUMMARY_KEYS)
+        self._append({"summary": summary})
+        self.close(summary)
+
+    def close(self, summary: dict | None = None) -> None:
+        """Hand the mirrors the summary (when the run got that far) and close them; once."""
+        mirrors, self.mirrors = self.mirrors, []
+        for mirror in mirrors:
+            if summary is not None:
+                mirror.summary(_finite(summary))
+            mirror.close()
 
     def _append(self, record: dict) -> None:
         if self.path is None:

@@ -26,6 +26,7 @@ from trainwise.engine.export import export_final
 from trainwise.engine.faults import MAX_CONSECUTIVE_SCALER_SKIPS, NonFiniteLoss, diagnose_non_finite
 from trainwise.engine.memory_probe import MemoryProbe
 from trainwise.engine.metrics import MetricsLog, StepTimer
+from trainwise.engine.reports import open_reports
 from trainwise.engine.preemption import Preempted, StopSignals
 from trainwise.engine.run_config import RunConfig
 from trainwise.engine.runtime import synchronize
@@ -107,7 +108,7 @@ def _run(setup: TrainingSetup, data, plan: Plan, run: RunConfig, flops_per_step:
     probe = MemoryProbe(setup.device, probe_step=probe_step)
     timer = StepTimer(samples_per_step=samples_per_step, tokens_per_step=tokens_per_step,
                       flops_per_step=flops_per_step, peak_flops=peak_flops)
-    log = MetricsLog(run.metrics, resume_from_step=started if run.resume else None)
+    log = _metrics_log(run, plan, started)
     probe.reset()
     consecutive_skips, outcome, eval_loss, checkpoint, stop_signal = 0, None, None, None, None
     run_started, _ = previous = _clocks()
@@ -151,6 +152,12 @@ def _run(setup: TrainingSetup, data, plan: Plan, run: RunConfig, flops_per_step:
     if stop_signal:
         raise Preempted(stop_signal, state.step, run.steps, checkpoint if run.output else None)
     return RunOutcome(state.step, started, final_loss, summary, checkpoint, exports, eval_loss)
+
+
+def _metrics_log(run: RunConfig, plan: Plan, started: int) -> MetricsLog:
+    """The metrics file, with the dashboards and the chart as its mirrors."""
+    resumed_at = started if run.resume else None
+    return MetricsLog(run.metrics, resume_from_step=resumed_at, mirrors=open_reports(run, plan, resumed_at))
 
 
 def _clocks() -> tuple[float, float]:

@@ -33,6 +33,11 @@ class RunConfig:
     seed: int = knob(0, "random seed (model init, data order, dropout)", minimum=0)
     metrics: str | None = knob(None, "write per-step metrics as JSON lines to this file", optional=True, kind=str)
     log_every: int = knob(1, "log metrics every N steps", minimum=1)
+    report_to: str = knob("none", "dashboards that also get the metrics: none, tensorboard, wandb, or several "
+                                  "comma-separated (wandb stays offline unless you configured it)")
+    no_chart: bool = knob(False, "do not write the loss and throughput chart (PNG beside --metrics)")
+    report_dir: str | None = knob(None, "where dashboards write (default: runs/ under --output, else beside "
+                                        "--metrics)", optional=True, kind=str)
     timing_warmup: int | None = knob(None, "steps excluded from the throughput summary "
                                            "(default: 1, or 2 with --compile)", optional=True, kind=int, minimum=0)
     on_nan: str = knob("stop", "when the loss is NaN/inf: stop with a diagnosis, or skip the step", choices=ON_NAN)

@@ -3,7 +3,9 @@
 MODEL may be, in this order of precedence:
 1. a local Hugging Face model directory (a folder with ``config.json``);
 2. a catalog name or Hub id, any case (``gpt2``, ``meta-llama/Llama-3.1-8B``);
-3. ``package.module:function`` returning ``(model, batch)``.
+3. ``package.module:function`` returning ``(model, batch)``;
+4. any other Hub id (``owner/name``): its config.json only, from the local Hugging Face
+   cache or fetched (`models/hub_config.py`); the weights start at random.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from transformers import AutoConfig, PretrainedConfig
 from trainwise.models.catalog import CatalogRecord, find_record, unknown_model_error
 from trainwise.models.config_checks import check_config_sizes, config_field_error
 from trainwise.models.function_models import import_model_function, looks_like_function_reference
+from trainwise.models.hub_config import hub_config_folder, looks_like_hub_id
 from trainwise.models.positions import position_limit
 from trainwise.models.spec import ModelSpec
 from trainwise.models.tasks import FUNCTION_TASK, TASKS, allowed_tasks, choose_task, config_for_task, infer_task
@@ -46,6 +49,8 @@ def resolve_model(name: str, task: str | None = None, trust_remote_code: bool = 
         raise InputError("MODEL", f"directory '{name}' has no config.json (a Hugging Face model directory needs one)")
     if name.startswith(_PATH_PREFIXES):
         raise InputError("MODEL", f"no model directory at '{name}'")
+    if looks_like_hub_id(name):
+        return _from_hub(name, task, trust_remote_code)
     raise unknown_model_error(name)
 
 
@@ -59,6 +64,13 @@ def _from_directory(name: str, path: Path, task: str | None, trust_remote_code: 
     config = _read_directory_config(name, path, trust_remote_code)
     chosen = choose_task(name, config, task, usual=infer_task(config))
     return _spec_from_config(name, "directory", config, chosen, trust_remote_code=trust_remote_code)
+
+
+def _from_hub(name: str, task: str | None, trust_remote_code: bool) -> ModelSpec:
+    folder = hub_config_folder(name)
+    config = _read_directory_config(name, folder, trust_remote_code)
+    chosen = choose_task(name, config, task, usual=infer_task(config))
+    return _spec_from_config(name, "hub", config, chosen, hf_name=name, trust_remote_code=trust_remote_code)
 
 
 def _read_directory_config(name: str, path: Path, trust_remote_code: bool) -> PretrainedConfig:

@@ -7,7 +7,7 @@ from typing import Any, Callable, Literal
 
 from transformers import PretrainedConfig
 
-Source = Literal["catalog", "directory", "function"]
+Source = Literal["catalog", "directory", "hub", "function"]
 
 
 @dataclass(frozen=True)
@@ -15,8 +15,9 @@ class ModelSpec:
     """A resolved model: where it came from, its task and its architecture config.
 
     name            what the user typed, or the catalog's spelling for catalog models
-    source          "catalog", "directory" (a local Hugging Face model folder) or
-                    "function" (``package.module:function`` returning (model, batch))
+    source          "catalog", "directory" (a local Hugging Face model folder), "hub" (a
+                    Hub id's config.json only, weights at random) or "function"
+                    (``package.module:function`` returning (model, batch))
     task            one of TASKS, or "custom" for model functions
     family          the config's ``model_type`` ("llama", "bert", ...); None for functions
     config          the ``transformers`` config, already prepared for `task`; None for functions
