@@ -165,3 +165,16 @@ def test_the_traced_sizes_are_within_the_options():
     assert (low, high) == (1, 6)
     assert traced_sizes(space_for(global_batch=64)) == (2, 8)
     assert traced_sizes(space_for({"batch_size": 3}, global_batch=12)) == (3, 3)
+
+
+def test_the_search_reports_its_progress_from_start_to_end():
+    space = space_for()
+    heard = []
+    search(space, H100, Counting(), capacity_bytes=80 * GIB, top=3,
+           progress=lambda done, total, what: heard.append((what, done, total)))
+    for what in ("screening plans (traced estimates)", "confirming the best plans (exact estimates)"):
+        reports = [(done, total) for kind, done, total in heard if kind == what]
+        assert reports and reports[-1][0] == reports[-1][1]  # it ends complete
+        assert [done for done, _ in reports] == sorted(done for done, _ in reports)  # never goes back
+    screening = [total for kind, _, total in heard if kind.startswith("screening")]
+    assert set(screening) == {len(space.variants())}

@@ -29,6 +29,7 @@ from trainwise.models.quiet import quiet_transformers
 from trainwise.common.atomic import atomic_write_text
 from trainwise.common.errors import InputError
 from trainwise.common.noise import busy_machine
+from trainwise.common.progress import Progress, silent
 from trainwise.plan.plan import Plan
 
 BASELINES = ("hf-trainer", "none")
@@ -44,13 +45,14 @@ MIN_STEPS = TIMING_WARMUP_STEPS + 2  # + the CPU memory-probe step + one timed s
 DEFAULT_REPEAT = {"cuda": 3, "cpu": 1}
 # A row finished in an earlier run (kept by --resume); "error" rows are run again.
 FINISHED = ("ok", "oom", "skipped")
+BENCHING = "bench rows (each a fresh process)"
 
 
 def bench(model: str | None = None, ladder: str | None = None, *, steps: int = 10,
           out: str | Path = "bench-results", baseline: str = "hf-trainer", resume: bool = False,
           device: str | None = None, task: str | None = None, seed: int = 0, base_knobs: dict | None = None,
           timeout_s: float = ROW_TIMEOUT_S, on_row: Callable[[dict], None] | None = None,
-          repeat: int | None = None) -> list[dict]:
+          repeat: int | None = None, progress: Progress = silent) -> list[dict]:
     """Run every rung of `ladder` (a name or a YAML file; default: `default` on a GPU,
     `quick` on a CPU) with trainwise and, unless `baseline` is "none", the HF Trainer, and
     return the rows (the bench row contract of docs/train.md; times in seconds, memory in bytes).
@@ -77,6 +79,7 @@ def bench(model: str | None = None, ladder: str | None = None, *, steps: int = 1
     out = Path(out)
     results = _earlier_rows(out, model, rungs, engines) if resume else {}
     order = [(rung.name, engine) for rung in rungs for engine in engines]
+    to_run = [key for key in order if (results.get(key) or {}).get("status") not in FINISHED]
     try:
         with tempfile.TemporaryDirectory(prefix="trainwise-bench-") as scratch:
             for rung in rungs:
@@ -86,6 +89,7 @@ def bench(model: str | None = None, ladder: str | None = None, *, steps: int = 1
                     earlier = results.get((rung.name, engine))
                     if earlier and earlier["status"] in FINISHED:
                         continue
+                    progress(to_run.index((rung.name, engine)), len(to_run), BENCHING)
                     job = RowJob(rung.name, rung.plan, engine, model, steps, TIMING_WARMUP_STEPS, seed, task,
                                  Path(scratch), timeout_s)
                     row = _run(job, predicted, repeat)
@@ -95,6 +99,7 @@ def bench(model: str | None = None, ladder: str | None = None, *, steps: int = 1
                     save_results(out, _in_order(results, order))
                     if on_row:
                         on_row(row)
+            progress(len(to_run), len(to_run), BENCHING)
     finally:
         rows = _in_order(results, order)
         if rows:

@@ -17,6 +17,7 @@ from trainwise.api.compatibility import check_request
 from trainwise.api.estimate import estimate
 from trainwise.api.plan_layouts import check_layout_request, layout_candidates
 from trainwise.common.errors import InputError
+from trainwise.common.progress import Progress, silent
 from trainwise.common.units import human_bytes
 from trainwise.hardware import Device, resolve_device
 from trainwise.hardware.profile import DeviceProfile, profile_for
@@ -109,8 +110,10 @@ def plan_search(model: str | ModelSpec, base: Plan, fixed: set[str] | frozenset[
                 allow: frozenset[str] = frozenset(), global_batch: int | None = None, gpus: int = 1,
                 gpus_per_node: int | None = None, inter_node_gbps: float | None = None, top: int = 3,
                 margin: float = DEFAULT_MARGIN, profile=None, task: str | None = None,
-                trust_remote_code: bool = False, evaluator: Evaluator | None = None) -> PlanReport:
-    """Search every plan for `model` on `base.device` x `gpus`; the best `top` that fit."""
+                trust_remote_code: bool = False, evaluator: Evaluator | None = None,
+                progress: Progress = silent) -> PlanReport:
+    """Search every plan for `model` on `base.device` x `gpus`; the best `top` that fit.
+    `progress` hears how far the screen and the confirmation have got."""
     started = time.perf_counter()
     fixed = frozenset(fixed)
     check_search_request(gpus, top, margin, base, fixed, global_batch)
@@ -128,10 +131,10 @@ def plan_search(model: str | ModelSpec, base: Plan, fixed: set[str] | frozenset[
     topology = {"gpus_per_node": gpus_per_node, "inter_node_gbps": inter_node_gbps} if gpus > 1 else {}
     evaluator = evaluator or estimate_evaluator(spec, profile, **topology)
     extra, notes = (layout_candidates(spec, space, device, profile, gpus, gpus_per_node, inter_node_gbps,
-                                      global_batch) if gpus > 1 else ([], []))
+                                      global_batch, progress) if gpus > 1 else ([], []))
     with quiet_transformers():  # model-code warnings (e.g. use_cache under checkpointing) repeat per trace
         result = search(space, device, evaluator, capacity_bytes=capacity, top=top, margin=margin, extra=extra,
-                        own_screen=gpus == 1)
+                        own_screen=gpus == 1, progress=progress)
     result.notes[:0] = notes
     if not result.ranked:
         raise nothing_fits(result, space, device, evaluator, spec.name)

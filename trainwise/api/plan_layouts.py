@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainwise.common.errors import InputError
+from trainwise.common.progress import Progress, silent
 from trainwise.hardware import Device
 from trainwise.hardware.profile import DeviceProfile, profile_for
 from trainwise.models import ModelSpec
@@ -17,6 +18,7 @@ from trainwise.planner.layout_enumeration import LayoutSpace
 from trainwise.planner.layout_screen import screen_layouts
 from trainwise.planner.space import Space
 
+LAYOUT_SCREENING = "screening layouts (checkpointing off, then on)"
 # The flags a layout plan is made of: any the user gave is held in every layout screened.
 LAYOUT_FIXABLE = ("batch_size", "grad_accum", "nproc", "dp", "fsdp", "zero", "cpu_offload", "tp", "pp",
                   "sequence_parallel", "microbatches", "pp_schedule")
@@ -53,7 +55,8 @@ def layout_space(base: Plan, fixed: frozenset[str], gpus: int, gpus_per_node: in
 
 
 def layout_candidates(spec: ModelSpec, space: Space, device: Device, profile, gpus: int, gpus_per_node: int | None,
-                      inter_node_gbps: float | None, global_batch: int) -> tuple[list[Candidate], list[str]]:
+                      inter_node_gbps: float | None, global_batch: int,
+                      progress: Progress = silent) -> tuple[list[Candidate], list[str]]:
     """(every screened layout plan, notes): the space's preferred precision, optimizer,
     attention kernel and LoRA choice (its first of each), checkpointing as searched (off
     and on: checkpointing can free the memory that lets a layout without offload or with
@@ -62,9 +65,11 @@ def layout_candidates(spec: ModelSpec, space: Space, device: Device, profile, gp
     first = {name: values[0] for name, values in space.choices.items()}
     layouts = layout_space(space.base, space.fixed, gpus, gpus_per_node, global_batch)
     candidates, notes = [], []
-    for grad_ckpt in space.choices["grad_ckpt"]:
+    for done, grad_ckpt in enumerate(space.choices["grad_ckpt"]):
+        progress(done, len(space.choices["grad_ckpt"]), LAYOUT_SCREENING)
         base = space.base.replace(**{**first, "grad_ckpt": grad_ckpt})
         candidates += screen_layouts(spec, base, device, rates, layouts, inter_node_gbps)
+    progress(len(space.choices["grad_ckpt"]), len(space.choices["grad_ckpt"]), LAYOUT_SCREENING)
     if not candidates:
         raise InputError("--global-batch", f"no layout of {gpus} GPUs reaches a global batch of {global_batch} with "
                                            f"the flags held fixed; try a multiple of {gpus}, e.g. "

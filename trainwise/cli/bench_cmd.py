@@ -41,6 +41,7 @@ def run(args) -> int:
 
     from trainwise.api.benchmark import bench
     from trainwise.cli.output import print_json
+    from trainwise.cli.progress_bar import progress_bar
     from trainwise.cli.render_bench import render_bench, render_row
     from trainwise.plan import Plan, load_plan_file
 
@@ -49,9 +50,10 @@ def run(args) -> int:
     console = Console(stderr=args.json)
     if not console.is_terminal:
         console.width = max(console.width, 132)  # a log file has room for the whole table
-    rows = bench(args.model, args.ladder, steps=args.steps, out=args.out, baseline=args.baseline,
-                 resume=args.resume, device=device, task=args.task, seed=args.seed, base_knobs=knobs,
-                 on_row=lambda row: render_row(row, console), repeat=args.repeat)
+    with progress_bar() as progress:
+        rows = bench(args.model, args.ladder, steps=args.steps, out=args.out, baseline=args.baseline,
+                     resume=args.resume, device=device, task=args.task, seed=args.seed, base_knobs=knobs,
+                     on_row=lambda row: render_row(row, console), repeat=args.repeat, progress=progress)
     if args.json:
         print_json(rows)
     else:

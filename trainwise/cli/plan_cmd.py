@@ -45,6 +45,7 @@ def run(args) -> int:
 
     from trainwise.api.plan import plan_search
     from trainwise.cli.output import print_json
+    from trainwise.cli.progress_bar import progress_bar
     from trainwise.cli.render_plan import plan_json, render_plan, write_outputs
     from trainwise.planner.space import parse_allow
 
@@ -66,8 +67,9 @@ def run(args) -> int:
 
         check_device_present(resolve_device(plan.device))
         search_args["top"] = max(search_args["top"], verify)
-    report = plan_search(args.model, plan, fixed, profile=args.profile, task=args.task,
-                         trust_remote_code=args.trust_remote_code, **search_args)
+    with progress_bar() as progress:
+        report = plan_search(args.model, plan, fixed, profile=args.profile, task=args.task,
+                             trust_remote_code=args.trust_remote_code, progress=progress, **search_args)
     paths = write_outputs(report, args.out)
     emitted = _emit(report, args)
     if not args.json:

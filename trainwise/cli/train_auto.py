@@ -65,11 +65,13 @@ def resolve_auto(request: AutoRequest, plan: Plan, model: str, device_name: str,
 
 def _searched(request: AutoRequest, plan: Plan, model: str, device_name: str, task, trust_remote_code) -> Plan:
     from trainwise.api.plan import plan_search
+    from trainwise.cli.progress_bar import progress_bar
     from trainwise.planner.emit import train_flags
 
-    report = plan_search(model, plan.replace(device=device_name), request.fixed | {"device"},
-                         top=max(1, request.verify), global_batch=request.global_batch, margin=request.margin,
-                         gpus=plan.nproc, task=task, trust_remote_code=trust_remote_code)
+    with progress_bar() as progress:
+        report = plan_search(model, plan.replace(device=device_name), request.fixed | {"device"},
+                             top=max(1, request.verify), global_batch=request.global_batch, margin=request.margin,
+                             gpus=plan.nproc, task=task, trust_remote_code=trust_remote_code, progress=progress)
     best = report.result.ranked[0]
     if request.verify:
         best = _measured_best(request, report, model)

@@ -47,6 +47,7 @@ def run_verify_from_args(args, model: str, candidates: list, device, profile_pat
     from rich.console import Console
 
     from trainwise.cli.render_verify import render_verify
+    from trainwise.cli.progress_bar import progress_bar
     from trainwise.planner.verify import verify_candidates
 
     count = verify_count(args)
@@ -62,10 +63,11 @@ def run_verify_from_args(args, model: str, candidates: list, device, profile_pat
     warmup = 2 if any(c.plan.compile for c in chosen) else 1
     steps = (int(args.verify_steps) if args.verify_steps is not None
              else warmup + TIMED_STEPS.get(device.kind, TIMED_STEPS["cuda"]) + (1 if device.kind == "cpu" else 0))
-    with tempfile.TemporaryDirectory(prefix="trainwise-verify-") as workdir:
+    with tempfile.TemporaryDirectory(prefix="trainwise-verify-") as workdir, progress_bar() as progress:
         report = verify_candidates(model, chosen, steps=steps, timing_warmup=warmup,
                                    repeat=int(args.verify_repeat), workdir=Path(workdir),
-                                   task=getattr(args, "task", None), profile_path=profile_path, device=device)
+                                   task=getattr(args, "task", None), profile_path=profile_path, device=device,
+                                   progress=progress)
     render_verify(report, console)
     return report
 

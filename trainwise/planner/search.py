@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from trainwise.common.errors import InputError
+from trainwise.common.progress import Progress, silent
 from trainwise.hardware import Device
 from trainwise.planner.candidate import Candidate
 from trainwise.planner.compose import Measure, composed
@@ -26,6 +27,8 @@ DEFAULT_MARGIN = 0.05
 TRACED_MICRO_BATCH = 8
 # Exact evaluations beyond the K shown (a plan that misses costs one).
 SPARE_CONFIRMATIONS = 4
+SCREENING = "screening plans (traced estimates)"
+CONFIRMING = "confirming the best plans (exact estimates)"
 
 
 @dataclass
@@ -71,10 +74,12 @@ def traced_sizes(space: Space) -> tuple[int, int]:
     return low, high
 
 
-def screen(space: Space, device: Device, cache: TraceCache) -> list[Candidate]:
+def screen(space: Space, device: Device, cache: TraceCache, progress: Progress = silent) -> list[Candidate]:
     """A composed Candidate for every variant and (micro-batch, accumulation) of the space."""
     candidates = []
-    for variant in space.variants():
+    variants = space.variants()
+    for done, variant in enumerate(variants):
+        progress(done, len(variants), SCREENING)
         points = variant_points(space, cache, variant)
         if points is None:
             continue
@@ -82,6 +87,7 @@ def screen(space: Space, device: Device, cache: TraceCache) -> list[Candidate]:
             measure = composed(*points, micro_batch, accum)
             plan = space.base.replace(**variant, batch_size=micro_batch, grad_accum=accum)
             candidates.append(candidate_of(plan, measure, device, exact=False))
+    progress(len(variants), len(variants), SCREENING)
     return candidates
 
 
@@ -150,27 +156,28 @@ def fits(candidate: Candidate, usable_bytes: int | None) -> bool:
 
 def search(space: Space, device: Device, evaluator: Evaluator, *, capacity_bytes: int | None, top: int = 3,
            margin: float = DEFAULT_MARGIN, extra: list[Candidate] | None = None,
-           own_screen: bool = True) -> SearchResult:
+           own_screen: bool = True, progress: Progress = silent) -> SearchResult:
     """Screen, confirm and rank. `extra`: candidates screened elsewhere (the layouts of
     several GPUs), ranked and confirmed with these; `own_screen` False leaves the screen to them."""
     cache = TraceCache(evaluator, space.base)
-    screened = (screen(space, device, cache) if own_screen else []) + list(extra or [])
+    screened = (screen(space, device, cache, progress) if own_screen else []) + list(extra or [])
     usable = None if capacity_bytes is None else int(capacity_bytes * (1 - margin))
     timed = bool(screened) and all(not math.isnan(c.step_s) for c in screened)
-    ranked, evaluations = confirm(screened, device, evaluator, usable, timed, top)
+    ranked, evaluations = confirm(screened, device, evaluator, usable, timed, top, progress)
     notes = [f"{dict(k)} not searched: {why}" for k, why in cache.refusals.items()]
     return SearchResult(ranked=ranked, screened=screened, usable_bytes=usable, timed=timed,
                         evaluations=len(cache.points) + evaluations, notes=notes)
 
 
 def confirm(screened: list[Candidate], device: Device, evaluator: Evaluator, usable: int | None, timed: bool,
-            top: int) -> tuple[list[Candidate], int]:
+            top: int, progress: Progress = silent) -> tuple[list[Candidate], int]:
     """Evaluate the best screened plans exactly until `top` fit; a plan that misses drops
     every screened plan of its kind with as large a micro-batch (the step down)."""
     pending = sorted((c for c in screened if fits(c, usable)), key=lambda c: rank_key(c, timed))
     confirmed: list[Candidate] = []
     evaluations = 0
     while pending and len(confirmed) < top and evaluations < top + SPARE_CONFIRMATIONS:
+        progress(len(confirmed), top, CONFIRMING)
         best = pending.pop(0)
         evaluations += 1
         exact = candidate_of(best.plan, evaluator(best.plan), device, exact=True)
@@ -179,6 +186,7 @@ def confirm(screened: list[Candidate], device: Device, evaluator: Evaluator, usa
             continue
         kind = _kind(best.plan)
         pending = [c for c in pending if not (_kind(c.plan) == kind and c.plan.batch_size >= best.plan.batch_size)]
+    progress(top, top, CONFIRMING)
     confirmed.sort(key=lambda c: rank_key(c, timed))
     return confirmed, evaluations
 

@@ -18,6 +18,7 @@ from trainwise.bench import runner
 from trainwise.bench.runner import RowJob
 from trainwise.common.errors import InputError
 from trainwise.common.noise import busy_machine
+from trainwise.common.progress import Progress, silent
 from trainwise.hardware.detect import detect_gpus
 from trainwise.hardware.device import Device
 from trainwise.planner.candidate import Candidate
@@ -28,6 +29,7 @@ from trainwise.planner.verdict import decide, samples_per_step
 # the plan command). Verify runs a few steps, so this is far above a healthy run.
 RUN_TIMEOUT_S = 900.0
 SEED = 0
+VERIFYING = "verification runs"
 
 
 @dataclass(frozen=True)
@@ -115,16 +117,19 @@ class VerifyReport:
 
 
 def verify_candidates(model: str, candidates: list[Candidate], *, steps: int, timing_warmup: int, repeat: int,
-                      workdir: Path, task: str | None, profile_path: Path | None, device: Device) -> VerifyReport:
+                      workdir: Path, task: str | None, profile_path: Path | None, device: Device,
+                      progress: Progress = silent) -> VerifyReport:
     """Run each candidate `repeat` times for `steps` optimizer steps (the first
     `timing_warmup` untimed) in fresh processes on `device`, which must be this machine's;
     decide the measured best; write the measured/predicted step-time ratios into the
     device profile (`profile_path`, else the per-user cache for `device`)."""
     check_verify_request(candidates, steps=steps, timing_warmup=timing_warmup, repeat=repeat, device=device)
     busy = _busy_machine(device.kind)  # before the runs: the runs themselves load the CPU
+    runs = _RunCounter(progress, len(candidates) * repeat)
     entries = tuple(_verify_one(model, rank, candidate, steps=steps, timing_warmup=timing_warmup, repeat=repeat,
-                                workdir=Path(workdir), task=task)
+                                workdir=Path(workdir), task=task, runs=runs)
                     for rank, candidate in enumerate(candidates, 1))
+    progress(runs.total, runs.total, VERIFYING)
     report = VerifyReport(model=model, device_name=device.name, steps=steps, timing_warmup=timing_warmup,
                           repeat=repeat, entries=entries, busy=busy)
     report = decide(report)
@@ -165,12 +170,24 @@ def _present(device: Device) -> bool:
     return device.source == "catalog" and any(found.name == device.name for found in detect_gpus())
 
 
+class _RunCounter:
+    """Counts the verification runs started, for the progress report."""
+
+    def __init__(self, progress: Progress, total: int):
+        self.progress, self.total, self.started = progress, total, 0
+
+    def next(self) -> None:
+        self.progress(self.started, self.total, VERIFYING)
+        self.started += 1
+
+
 def _verify_one(model: str, rank: int, candidate: Candidate, *, steps: int, timing_warmup: int, repeat: int,
-                workdir: Path, task: str | None) -> VerifiedCandidate:
+                workdir: Path, task: str | None, runs: _RunCounter) -> VerifiedCandidate:
     """Run one candidate `repeat` times; the first run that does not end ok ends it."""
     per_step = samples_per_step(candidate)
-    runs, tokens, memory = [], [], []
+    counter, runs, tokens, memory = runs, [], [], []
     for attempt in range(1, repeat + 1):
+        counter.next()
         job = RowJob(name=f"verify-{rank}-run-{attempt}", plan=candidate.plan, engine="trainwise", model=model,
                      steps=steps, timing_warmup=timing_warmup, seed=SEED, task=task, workdir=workdir,
                      timeout_s=RUN_TIMEOUT_S)

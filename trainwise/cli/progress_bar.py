@@ -1,0 +1,40 @@
+"""A progress bar with the time left, on standard error, for the long commands.
+
+Drawn only on a terminal and cleared when the work ends (the tables that follow are the
+record); a log file or a pipe gets nothing from it. The estimate of the time left is the
+mean time per finished unit so far times the units left: rich's own column."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from trainwise.common.progress import Progress
+
+
+@contextlib.contextmanager
+def progress_bar() -> Iterator[Progress]:
+    """A Progress callback drawing one bar per kind of work (`what`)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import Progress as RichProgress
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield _nothing
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("left"), TimeRemainingColumn())
+    with RichProgress(*columns, console=console, transient=True) as bars:
+        tasks: dict[str, int] = {}
+
+        def report(done: int, total: int | None, what: str) -> None:
+            if what not in tasks:
+                tasks[what] = bars.add_task(what, total=total)
+            bars.update(tasks[what], completed=done, total=total)
+
+        yield report
+
+
+def _nothing(done: int, total: int | None, what: str) -> None:
+    pass
