@@ -6,8 +6,15 @@
     result.summary["tokens_per_s"], result.predicted["peak_allocated"]
 
 `model` is a catalog name, a local Hugging Face directory (its weights are loaded when it
-has them), `package.module:function`, a ModelSpec, or an `nn.Module` whose forward takes
-a batch dict and returns a loss (then `data` must be an iterable of such batches).
+has them), a Hub id, `package.module:function`, a ModelSpec, a transformers model you
+built (a `PreTrainedModel` with a task head: trained in place, its memory predicted from
+its config), or any `nn.Module` whose forward takes a batch dict and returns a loss (then
+`data` must be an iterable of such batches). `data` may be a run setting (`"synthetic"`,
+a file), an iterable of batch dicts, or a tokenized `datasets.Dataset`, as the Trainer
+takes it (engine/data/user_dataset.py):
+
+    model = AutoModelForCausalLM.from_config(config)
+    train(model, data=tokenized_dataset, plan=Plan(batch_size=8, seq_len=512, device="cpu"))
 
 The job itself is assembled in trainwise/engine/job.py; this entry point hands it what
 needs the estimate: the shared refusals, the predicted memory and the out-of-memory advice.

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from trainwise.engine.data import build_data
+from trainwise.engine.data.user_dataset import is_hf_dataset, user_dataset_data
 from trainwise.engine.flops import peak_flops_for
 from trainwise.engine.output_preflight import check_training_output, count_parameters_of
 from trainwise.engine.reports import check_reports
@@ -27,7 +28,9 @@ from trainwise.engine.run import RunOutcome, StepLog, run_training
 from trainwise.engine.run_config import RunConfig
 from trainwise.engine.runtime import refusal_of_nondeterminism, runtime_device, seed_everything
 from trainwise.hardware import resolve_device
-from trainwise.models import ModelSpec, build_model_with_notes, check_seq_len, example_batch, resolve_model
+from trainwise.models import (ModelSpec, build_model_with_notes, check_seq_len, example_batch, resolve_model,
+                              resolve_model_object)
+from trainwise.models.build import ATTENTION_IMPLEMENTATIONS
 from trainwise.models.pretrained import has_weights, load_pretrained
 from trainwise.common.errors import InputError, OutOfMemory
 from trainwise.plan.layout import Layout
@@ -143,9 +146,10 @@ def _run(result: TrainResult, spec: ModelSpec | None, distributed: Distributed, 
 
 
 def model_spec(model, task: str | None, trust_remote_code: bool) -> ModelSpec | None:
-    """The ModelSpec of a catalog name, directory or `module:function` (None for an nn.Module)."""
+    """The ModelSpec of a catalog name, directory, Hub id or `module:function`; of a
+    transformers model object, from its config and head; None for any other nn.Module."""
     if isinstance(model, nn.Module):
-        return None
+        return resolve_model_object(model, task)
     if isinstance(model, ModelSpec):
         return model
     return resolve_model(str(model), task=task, trust_remote_code=trust_remote_code)
@@ -157,8 +161,12 @@ def device_name_for_estimate(device: torch.device) -> str:
 
 
 def _build(model, spec: ModelSpec | None, plan: Plan, device: torch.device) -> tuple[nn.Module, list[str]]:
-    if spec is None:
-        return model.to(device), []
+    if isinstance(model, nn.Module):  # the caller's own model and weights, trained in place
+        if spec is None:
+            return model.to(device), []
+        check_seq_len(spec, plan.seq_len)
+        check_object_attention(model, plan)
+        return model.to(device), ["weights as passed in (a model object)"]
     check_seq_len(spec, plan.seq_len)
     if has_weights(spec):
         module, notes = load_pretrained(spec, device, plan.attention)
@@ -167,6 +175,16 @@ def _build(model, spec: ModelSpec | None, plan: Plan, device: torch.device) -> t
                                    seq_len=plan.seq_len)
     origin = "catalog config" if spec.source == "catalog" else spec.source
     return built.model, [f"weights initialised at random ({origin}; seed applies)", *built.notes]
+
+
+def check_object_attention(model: nn.Module, plan: Plan) -> None:
+    """A built model keeps the attention it was built with; the plan must name the same one
+    (the prediction and the plan's record follow the plan)."""
+    built = getattr(model.config, "_attn_implementation", None)
+    named = {value: key for key, value in ATTENTION_IMPLEMENTATIONS.items()}.get(built)
+    if named is not None and plan.attention not in (named, "auto"):
+        raise InputError("plan.attention", f"the model object was built with {named} attention and a built model's "
+                                           f"attention is not changed: use Plan(attention={named!r})")
 
 
 class _IterableData:
@@ -188,6 +206,8 @@ class _IterableData:
 
 
 def _data(data, spec: ModelSpec | None, plan: Plan, run: RunConfig, distributed: Distributed):
+    if is_hf_dataset(data):
+        return user_dataset_data(data, spec, plan, run, distributed.data_rank, distributed.layout.data_parallel)
     if data is not None:
         return _IterableData(data, plan)
     if spec is None:

@@ -9,7 +9,7 @@ from trainwise.models.batch import example_batch
 from trainwise.models.build import BuiltModel, build_model, build_model_with_notes, count_parameters
 from trainwise.models.listing import CatalogEntry, catalog_entries, catalog_parameter_count
 from trainwise.models.positions import check_seq_len
-from trainwise.models.resolve import resolve_model
+from trainwise.models.resolve import resolve_model, resolve_model_object
 from trainwise.models.spec import ModelSpec
 from trainwise.models.tasks import FUNCTION_TASK, TASKS
 
@@ -18,6 +18,7 @@ __all__ = [
     "FUNCTION_TASK",
     "ModelSpec",
     "resolve_model",
+    "resolve_model_object",
     "build_model",
     "build_model_with_notes",
     "BuiltModel",

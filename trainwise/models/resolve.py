@@ -23,7 +23,8 @@ from trainwise.models.function_models import import_model_function, looks_like_f
 from trainwise.models.hub_config import hub_config_folder, looks_like_hub_id
 from trainwise.models.positions import position_limit
 from trainwise.models.spec import ModelSpec
-from trainwise.models.tasks import FUNCTION_TASK, TASKS, allowed_tasks, choose_task, config_for_task, infer_task
+from trainwise.models.tasks import (FUNCTION_TASK, TASKS, allowed_tasks, choose_task, config_for_task, infer_task,
+                                   task_of_model_class)
 from trainwise.common.errors import InputError
 
 _PATH_PREFIXES = ("/", "./", "../", "~", ".\\", "..\\")
@@ -52,6 +53,21 @@ def resolve_model(name: str, task: str | None = None, trust_remote_code: bool = 
     if looks_like_hub_id(name):
         return _from_hub(name, task, trust_remote_code)
     raise unknown_model_error(name)
+
+
+def resolve_model_object(model, task: str | None = None) -> ModelSpec | None:
+    """The ModelSpec of a transformers model the caller built (its config, its class's task),
+    so its memory can be predicted and trainwise's data fitted to it; None for any other
+    module (its forward brings its own loss and batches)."""
+    config = getattr(model, "config", None)
+    if not isinstance(config, PretrainedConfig):
+        return None
+    usual = task_of_model_class(config, type(model).__name__)
+    if usual is None:
+        return None
+    chosen = choose_task(type(model).__name__, config, task, usual=usual)
+    return _spec_from_config(type(model).__name__, "object", config, chosen,
+                             hf_name=getattr(config, "_name_or_path", None) or None)
 
 
 def _from_catalog(record: CatalogRecord, task: str | None) -> ModelSpec:

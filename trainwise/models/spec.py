@@ -7,7 +7,7 @@ from typing import Any, Callable, Literal
 
 from transformers import PretrainedConfig
 
-Source = Literal["catalog", "directory", "hub", "function"]
+Source = Literal["catalog", "directory", "hub", "object", "function"]
 
 
 @dataclass(frozen=True)
@@ -16,7 +16,8 @@ class ModelSpec:
 
     name            what the user typed, or the catalog's spelling for catalog models
     source          "catalog", "directory" (a local Hugging Face model folder), "hub" (a
-                    Hub id's config.json only, weights at random) or "function"
+                    Hub id's config.json only, weights at random), "object" (a
+                    transformers model the caller built and passed in) or "function"
                     (``package.module:function`` returning (model, batch))
     task            one of TASKS, or "custom" for model functions
     family          the config's ``model_type`` ("llama", "bert", ...); None for functions

@@ -96,6 +96,15 @@ def infer_task(config: PretrainedConfig) -> str:
     return allowed[0]
 
 
+def task_of_model_class(config: PretrainedConfig, class_name: str) -> str | None:
+    """The task whose head `class_name` is for `config`'s family (None: a backbone without
+    a head, or a class transformers does not register)."""
+    for task in TASKS:
+        if _HEAD_CLASS_NAMES[task].get(config.model_type) == class_name:
+            return task
+    return None
+
+
 def choose_task(model_name: str, config: PretrainedConfig, requested: str | None, usual: str) -> str:
     """`requested` when this model supports it, `usual` when nothing was requested.
 
