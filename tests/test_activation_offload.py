@@ -139,3 +139,22 @@ def test_transfers_are_exposed_only_beyond_the_compute_they_overlap():
     on_the_cpu, note = activation_offload_seconds(traffic, {"forward": 0.5}, 1, dataclasses.replace(
         profile, kind="cpu", host_to_device=None))
     assert on_the_cpu == 0.0 and "nothing moves" in note
+
+
+@pytest.mark.fault
+@pytest.mark.parametrize("command, flags", [
+    ("estimate", ["--device", "H100-SXM", "--tp", "2"]),
+    ("estimate", ["--device", "H100-SXM", "--pp", "2"]),
+    ("estimate", ["--device", "H100-SXM", "--fsdp", "2"]),
+    ("train", ["--device", "cpu", "--compile", "--steps", "1", "--data", "synthetic"]),
+])
+def test_layouts_and_compile_it_does_not_support_are_refused_with_exit_2(command, flags, tmp_path, capsys, fault_log):
+    argv = [command, "tiny-llama", "--seq-len", "16", "--batch-size", "1", *flags, "--activation-offload"]
+    if command == "train":
+        argv += ["--output", str(tmp_path / "out")]
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("trainwise: error: --activation-offload"), (code, err)
+    assert not (tmp_path / "out").exists()
+    fault_log(kind="bad input", case=f"{command} tiny-llama {' '.join(flags)} --activation-offload", exit_code=2,
+              message=err[0].replace(str(tmp_path), "DIR"), lost=0)

@@ -21,7 +21,8 @@ a quarter of that).
 
 A deep model's sums are read at full depth on the line through the 2- and 3-block traces
 (the work is the same in every block), as memory and FLOPs are. The trace runs at most two
-micro-steps; the second stands for every later one, and the optimizer runs once. See
+micro-steps; the second stands for every later one, and the optimizer runs once.
+--activation-offload adds its PCIe copies to "offload" (estimate/activation_offload_time.py). See
 docs/plan.md, "The step-time model", for what this ignores."""
 
 from __future__ import annotations
