@@ -103,6 +103,7 @@ def test_cpu_estimate_peak_within_3_percent_of_a_real_step():
     plan = Plan.from_dict({"batch_size": 4, "seq_len": 128, "device": "cpu", "activation_offload": True})
     spec = resolve_model("tiny-llama")
     measured, predicted = measure_step(spec, plan), estimate(spec, plan).memory
+    assert predicted.to_json() == estimate(spec, plan.replace(activation_offload=False)).memory.to_json()
     assert predicted.host == 0
     assert abs(predicted.peak_allocated - measured.peak_allocated) <= 0.03 * measured.peak_allocated
 
@@ -158,3 +159,10 @@ def test_layouts_and_compile_it_does_not_support_are_refused_with_exit_2(command
     assert not (tmp_path / "out").exists()
     fault_log(kind="bad input", case=f"{command} tiny-llama {' '.join(flags)} --activation-offload", exit_code=2,
               message=err[0].replace(str(tmp_path), "DIR"), lost=0)
+
+
+def test_the_default_bench_ladder_has_an_activation_offload_rung():
+    from trainwise.bench.ladders import load_ladder
+
+    rungs = {r.name: r.plan for r in load_ladder("default", {"device": "cuda"})}
+    assert rungs["activation offload"].activation_offload

@@ -51,10 +51,10 @@ class _Saved:
     """One moved tensor: its host copy, its device copy once fetched, and the event that
     says the device copy is complete (CUDA only)."""
 
-    __slots__ = ("host", "device", "ready", "device_type", "__weakref__")
+    __slots__ = ("host", "device", "ready", "home", "__weakref__")
 
-    def __init__(self, host: torch.Tensor, device: torch.device):
-        self.host, self.device, self.ready, self.device_type = host, None, None, device
+    def __init__(self, host: torch.Tensor, home: torch.device):
+        self.host, self.device, self.ready, self.home = host, None, None, home
 
 
 class ActivationOffloader:
@@ -148,7 +148,7 @@ class ActivationOffloader:
     def _bring_back(self, group: list[_Saved]) -> None:
         if not group:
             return
-        device = group[0].device_type
+        device = group[0].home
         if device.type != "cuda":
             for saved in group:
                 saved.device = torch.empty_like(saved.host).copy_(saved.host)
