@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_validation.sh DIR STAGE...
 #
-# STAGE: smoke | memory | vs-trainer | offload | bench | time-model | plan. Each stage has its own time limit
+# STAGE: smoke | memory | vs-trainer | offload | bench | time-model | plan | activation-offload. Each stage has its own time limit
 # (seconds, env LIMIT_<STAGE>) so a slow one cannot starve the rest; each writes its log
 # and results under DIR. Uses the python3 on PATH (set PYTHON to choose another); runs
 # from a checkout without installing it (PYTHONPATH), so a machine without package
@@ -57,11 +57,15 @@ for name in "$@"; do
     time-model)  # issue 16: predicted vs measured step time (calibrate first), MAPE and Spearman
       stage time-model "${LIMIT_TIME_MODEL:-420}" $py benchmarks/time_model.py --device cuda --repeat 2 --steps 12 --warmup 3 --models "${TIME_MODELS:-bert-large-uncased,Llama-3.2-1B}" --seq-lens "${TIME_SEQ_LENS:-512,2048}" --page "$out/time-model-cuda.md"
       ;;
+    activation-offload)  # issue 17 item 5: predicted vs measured peak with the blocks' saved tensors on the host, and the step time beside plain
+      stage activation-offload-memory "${LIMIT_ACT_OFFLOAD:-240}" $py benchmarks/validate_memory.py --out "$out/activation-offload.md" --rows "$out/activation-offload-rows.json" --only "llama-1b b4 bf16( ckpt)?( act-offload)?$"
+      stage activation-offload-bench "${LIMIT_ACT_OFFLOAD_BENCH:-240}" $py -m trainwise bench Llama-3.2-1B --seq-len 2048 --steps 12 --baseline none --ladder "$repo/benchmarks/activation_offload_ladder.yaml" --out "$out/activation-offload-bench"
+      ;;
     plan)  # issue 16: the planner's pick for Llama-3.2-1B at seq 2048, its top 3 run for real
       stage plan-verify "${LIMIT_PLAN:-420}" $py -m trainwise plan Llama-3.2-1B --device cuda --seq-len 2048 --global-batch 64 --verify 3 --json --out "$out/plans"
       ;;
     *)
-      echo "unknown stage $name (smoke, memory, vs-trainer, offload, bench, time-model, plan)" >&2
+      echo "unknown stage $name (smoke, memory, vs-trainer, offload, bench, time-model, plan, activation-offload)" >&2
       exit 2
       ;;
   esac

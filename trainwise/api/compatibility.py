@@ -17,6 +17,7 @@ from trainwise.plan.combinations import check_combinations
 from trainwise.common.errors import InputError, NotSupportedYet
 from trainwise.plan.layout import Layout
 from trainwise.plan.plan import Plan
+from trainwise.step.activation_offload import CPU_OFFLOAD_NOTE, check_activation_offload
 
 
 def check_request(plan: Plan, device: Device, spec: ModelSpec | None = None, *,
@@ -35,14 +36,16 @@ def check_request_and_layout(plan: Plan, device: Device, spec: ModelSpec | None 
     """check_request, with the plan's Layout on `world_size` processes, resolved once for
     the checks and kept for the run."""
     layout = check_combinations(plan, world_size)
+    check_activation_offload(plan)
     check_device_support(plan, device)
     if here:
         check_installation(plan, device.kind)
+    notes = [CPU_OFFLOAD_NOTE] if plan.activation_offload and device.kind == "cpu" else []
     if plan.attention != "auto":
         check_flash(plan, device, spec, here)
-        return plan, [], layout
+        return plan, notes, layout
     choice, note = pick_attention(device, spec, here)
-    return plan.replace(attention=choice), [note], layout
+    return plan.replace(attention=choice), [note, *notes], layout
 
 
 def check_device_support(plan: Plan, device: Device) -> None:

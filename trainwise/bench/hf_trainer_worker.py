@@ -30,6 +30,8 @@ from trainwise.models import build_model, example_batch, resolve_model
 from trainwise.models.attention import pick_attention
 from trainwise.plan import InputError, plan_from_sources
 from trainwise.common.errors import OutOfMemory
+from trainwise.step.activation_offload import enable_activation_offload
+from trainwise.step.checkpointing import largest_module_list
 from trainwise.step.lora import apply_lora
 
 HF_OPTIMIZERS = {"adamw": "adamw_torch", "adamw-fused": "adamw_torch_fused", "adafactor": "adafactor",
@@ -129,6 +131,8 @@ def run(args) -> None:
         model = apply_lora(model, plan, spec.task)
     if plan.precision == "bf16-pure":
         model = model.to(torch.bfloat16)
+    if plan.activation_offload:  # the Trainer has no such switch: the same hooks, installed the same way
+        enable_activation_offload(model, largest_module_list(model))
     micro_batches = SyntheticMicroBatches(spec, plan.batch_size, plan.seq_len, args.seed, rank=0, world_size=1)
     data = _SameSamples(micro_batches, plan.batch_size, args.steps * plan.grad_accum)
     measure = _Measure(device, plan, args, *_flops_and_peak(spec, plan, device))

@@ -28,6 +28,7 @@ DEFAULT = (
     ("8-bit adam combined", {**COMBINED, "precision": "fp16", "optim": "adamw-8bit"}),
     ("bf16 combined", {**COMBINED, "precision": "bf16"}),
     ("+ torch.compile", {**COMBINED, "precision": "bf16", "compile": True}),
+    ("activation offload", {"batch_size": 4, "precision": "bf16", "activation_offload": True}),
     ("lora r16", {"batch_size": 4, "lora_rank": 16}),
 )
 

@@ -50,7 +50,7 @@ def render_estimate(result: EstimateResult, console: Console, by_module: bool = 
     table.add_row("[bold]device total[/]", human_bytes(memory.device_total), "", "", "",
                   "predicted (what nvidia-smi shows)" if result.device.kind == "cuda" else "predicted (tensor memory)")
     if memory.host:
-        table.add_row("host memory (offloaded states)", human_bytes(memory.host), "", "", "",
+        table.add_row("host memory (offloaded)", human_bytes(memory.host), "", "", "",
                       "predicted, not on the device")
     console.print(table)
     if result.layout and len(result.layout["pipeline_ranks"]) > 1:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from trainwise.estimate.anatomy import replay
 from trainwise.estimate.caching_allocator import AllocatorStats, CachingAllocatorModel, round_block_size
 from trainwise.hardware import Device
+from trainwise.step.activation_offload import OFFLOADED_OP
 from trainwise.trace.recorder import ALLOC
 from trainwise.trace.step_trace import StepTrace
 
@@ -51,6 +52,7 @@ class MemoryEstimate:
     phase_peaks: dict[str, int] = field(default_factory=dict)
     # Under a parallel layout (trainwise/estimate/per_rank.py): communication buffers on
     # the device at the peak, and model states moved to host memory by --cpu-offload.
+    # One device: the saved tensors --activation-offload keeps in host memory at most.
     communication: int = 0
     host: int = 0
     # Live bytes per category at each phase's own peak (the per-rank estimate rescales them).
@@ -67,6 +69,7 @@ class MemoryEstimate:
 
 def memory_from_trace(trace: StepTrace, device: Device) -> MemoryEstimate:
     """Apply the device's allocator and fixed overheads to the traced step."""
+    host = offloaded_activation_peak(trace)
     if device.is_cuda:
         trace = _device_resident(trace)
         workspace = CUBLAS_HANDLES_PER_STEP * device.cublas_workspace_bytes
@@ -89,7 +92,20 @@ def memory_from_trace(trace: StepTrace, device: Device) -> MemoryEstimate:
         workspace=workspace, context=context, peak_allocated=peak_allocated,
         peak_reserved=peak_reserved, device_total=peak_reserved + context,
         peak_phase=anatomy.peak_phase, peak_module=anatomy.peak_module, at_peak=anatomy.at_peak,
-        phase_peaks=phase_peaks, phase_at_peak=anatomy.phase_at_peak)
+        phase_peaks=phase_peaks, phase_at_peak=anatomy.phase_at_peak, host=host)
+
+
+def offloaded_activation_peak(trace: StepTrace) -> int:
+    """Most bytes of --activation-offload's host copies alive at once in the measured step
+    (host memory, 0 without them): one micro-batch's offloaded saved tensors."""
+    live = peak = 0
+    for index, (kind, key) in enumerate(trace.events):
+        record = trace.records[key]
+        if record.op == OFFLOADED_OP:
+            live += record.nbytes if kind == ALLOC else -record.nbytes
+            if index >= trace.window_start:
+                peak = max(peak, live)
+    return peak
 
 
 def _phase_slices(trace: StepTrace):

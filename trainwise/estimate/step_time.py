@@ -21,7 +21,8 @@ a quarter of that).
 
 A deep model's sums are read at full depth on the line through the 2- and 3-block traces
 (the work is the same in every block), as memory and FLOPs are. The trace runs at most two
-micro-steps; the second stands for every later one, and the optimizer runs once. See
+micro-steps; the second stands for every later one, and the optimizer runs once.
+--activation-offload adds its PCIe copies to "offload" (estimate/activation_offload_time.py). See
 docs/plan.md, "The step-time model", for what this ignores."""
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from trainwise.estimate.activation_offload_time import activation_offload_seconds, offload_traffic
 from trainwise.hardware import Device
 from trainwise.hardware.peak import peak_flops_for
 from trainwise.hardware.profile import DeviceProfile, Rate
@@ -86,8 +88,26 @@ def predict_step_time(traces: Sequence[StepTrace], fit: DepthFit | None, plan: P
         costs = traces[-1].op_costs
     weights = _micro_step_weights(plan.grad_accum, chunks)
     breakdown = step_breakdown(costs, weights, plan, profile)
+    notes = []
+    if plan.activation_offload:
+        seconds, note = activation_offload_seconds(offload_traffic(traces, fit), micro_batch_phase_seconds(
+            costs, plan, profile), plan.grad_accum * chunks, profile)
+        breakdown["offload"] += seconds
+        notes.append(note)
     model_flops = _model_flops(costs, weights)
-    return _step_time(breakdown, model_flops, plan, device, profile, model_name, chunks)
+    return _step_time(breakdown, model_flops, plan, device, profile, model_name, chunks, notes)
+
+
+def micro_batch_phase_seconds(costs: OpCosts, plan: Plan, profile: DeviceProfile) -> dict[str, float]:
+    """Device seconds of the first micro-batch's forward and backward (recomputation in
+    backward), as step_breakdown prices them."""
+    seconds = {"forward": 0.0, "backward": 0.0}
+    for key, values in costs.rows.items():
+        phase, micro, op_class = key[0], key[1], key[2]
+        if micro == 0 and phase in seconds:
+            factor = 1.0 if op_class in AT_ISOLATED_RATE else profile.step_non_matmul_factor
+            seconds[phase] += _device_seconds(key, values, plan, profile)[1] * profile.step_compute_factor * factor
+    return seconds
 
 
 def full_depth_costs(costs: Sequence[OpCosts], fit: DepthFit) -> OpCosts:
@@ -189,11 +209,12 @@ def _model_flops(costs: OpCosts, weights: dict[int, int]) -> int:
 
 
 def _step_time(breakdown: dict[str, float], model_flops: int, plan: Plan, device: Device,
-               profile: DeviceProfile, model_name: str, chunks: int) -> StepTime:
+               profile: DeviceProfile, model_name: str, chunks: int, extra_notes=()) -> StepTime:
     key = f"step:{model_name}" if f"step:{model_name}" in profile.corrections else "step"
     correction = profile.corrections.get(key)
     notes = [f"predicted from the traced ops and the {'catalog figures' if profile.source == 'catalog' else 'profile'}"
              f" of {profile.device_name}; tokens/s and samples/s are this device's"]
+    notes.extend(extra_notes)
     if correction is not None:
         breakdown = {name: seconds * correction for name, seconds in breakdown.items()}
         notes.append(f"multiplied by {correction:.3f}, the measured/predicted ratio stored as {key!r} in the profile")

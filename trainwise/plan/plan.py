@@ -36,6 +36,8 @@ class Plan:
     max_grad_norm: float = knob(1.0, "gradient clipping norm (0 disables)", minimum=0.0)
     # --- memory and speed techniques
     grad_ckpt: bool = knob(False, "gradient (activation) checkpointing per transformer block")
+    activation_offload: bool = knob(False, "move the tensors the transformer blocks save for backward to pinned host "
+                                           "memory in forward, back in backward (CUDA; on cpu nothing moves)")
     attention: str = knob("sdpa", "attention kernel; auto picks flash where it runs, else sdpa, else eager, "
                                           "and says which", choices=ATTENTIONS)
     compile: bool = knob(False, "torch.compile the model")

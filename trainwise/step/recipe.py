@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from trainwise.plan.plan import Plan
-from trainwise.step.checkpointing import enable_checkpointing
+from trainwise.step.activation_offload import enable_activation_offload
+from trainwise.step.checkpointing import enable_checkpointing, largest_module_list
 from trainwise.step.lora import apply_lora
 from trainwise.step.moe import enable_router_aux_loss
 from trainwise.step.precision import PrecisionPolicy
@@ -16,15 +17,18 @@ from trainwise.step.precision import PrecisionPolicy
 
 def prepare_model(model: nn.Module, plan: Plan, policy: PrecisionPolicy, task: str | None = None) -> nn.Module:
     """Apply, in order: MoE router loss -> LoRA adapters -> gradient checkpointing ->
-    weight dtype -> train mode.
+    activation offload -> weight dtype -> train mode.
 
-    LoRA first so checkpointing wraps the adapted blocks; the dtype cast last so adapters
-    are cast too under bf16-pure."""
+    LoRA first so checkpointing wraps the adapted blocks; offload after checkpointing so
+    its hooks sit outside the checkpoint (what moves is then the block input the checkpoint
+    keeps); the dtype cast last so adapters are cast too under bf16-pure."""
     enable_router_aux_loss(model)
     if plan.lora:
         model = apply_lora(model, plan, task)
     if plan.grad_ckpt:
         model = enable_checkpointing(model)
+    if plan.activation_offload:
+        enable_activation_offload(model, largest_module_list(model))
     if policy.param_dtype != torch.float32:
         model = model.to(policy.param_dtype)
     model.train()

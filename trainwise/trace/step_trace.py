@@ -11,6 +11,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from trainwise.plan.plan import Plan
 from trainwise.step import build_optimizer, compute_loss, precision_policy
+from trainwise.step.activation_offload import OFFLOADED_OP, OFFLOADER_ATTRIBUTE
 from trainwise.step.precision import PrecisionPolicy
 from trainwise.trace.autocast_policy import autocast_for_target, cuda_autocast_kernels
 from trainwise.trace.blocks import BlockTracker
@@ -72,6 +73,7 @@ def trace_training_step(model: nn.Module, batch_fn, plan: Plan, target_device_ty
     recorder.costs = OpCostRecorder(model)
     low_precision = policy.param_dtype != torch.float32 or policy.autocast_dtype is not None
     recorder.output_fixes.update(layer_norm_fixes(target_device_type, low_precision))
+    offloaded_activations(model, recorder, target_device_type)
     with traceable_experts(), fake_tensors_are_not_tracing(), cuda_kernel_choices(target_device_type), \
             FakeTensorMode(allow_non_fake_inputs=False), scope, blocks, recorder:
         materialize_fake(model, "cpu")
@@ -92,6 +94,26 @@ def trace_training_step(model: nn.Module, batch_fn, plan: Plan, target_device_ty
         _categorise(model, optimizer, recorder)
     return StepTrace(recorder.events, recorder.records, window_start, phase_starts, params, trainable,
                      micro_steps, target_device_type, recorder.event_blocks, blocks.blocks, recorder.costs.costs)
+
+
+def offloaded_activations(model: nn.Module, recorder: AllocationRecorder, target_device_type: str) -> None:
+    """Under --activation-offload the blocks' saved tensors pass through the offloader's
+    hooks, not the recorder's: the kept ones are marked saved here, and for a CUDA target
+    the fake host tensors stand for device ones, so their copies are made as the engine
+    makes them and marked host memory (trainwise/estimate/memory.py leaves them out of
+    the device's figures and counts them as host memory)."""
+    offloader = getattr(model, OFFLOADER_ATTRIBUTE, None)
+    if offloader is None:
+        return
+    offloader.on_kept = recorder._on_save
+    if target_device_type != "cpu":
+        offloader.simulate_device_type = target_device_type
+        offloader.on_host_copy = lambda host: mark_offloaded(recorder, host)
+
+
+def mark_offloaded(recorder: AllocationRecorder, host: torch.Tensor) -> None:
+    record = recorder.records[recorder.track(host)]
+    record.host_resident, record.op = True, OFFLOADED_OP
 
 
 def traced_optimizer(plan: Plan, model: nn.Module, target_device_type: str) -> torch.optim.Optimizer:

@@ -1,0 +1,71 @@
+"""The time --activation-offload adds to a step: the blocks' saved tensors copied to host
+memory in forward and back in backward over PCIe (profile.host_to_device, one direction),
+priced as the engine overlaps them (trainwise/step/activation_offload.py):
+
+* device to host runs on a side stream beside the forward: exposed only where it outlasts
+  the forward's device work;
+* host to device: the first block backward reaches waits for its own copy (exposed); every
+  other block's copy is prefetched during the backward of the block after it, exposed only
+  where the copies outlast the backward's device work.
+
+The two directions share one copy stream, so the copies back also wait behind any of the
+forward's copies still running (counted in the forward's excess). On the CPU nothing
+moves: no time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from trainwise.hardware.profile import DeviceProfile
+from trainwise.step.activation_offload import OFFLOADED_OP
+from trainwise.trace.depth import DepthFit, extrapolate_by_kind
+from trainwise.trace.step_trace import StepTrace
+
+
+@dataclass(frozen=True)
+class OffloadTraffic:
+    """Bytes one micro-batch moves each way: all blocks, and the last block's share."""
+
+    per_micro_batch: int
+    last_block: int
+
+
+def offload_traffic(traces: Sequence[StepTrace], fit: DepthFit | None) -> OffloadTraffic:
+    """Bytes of host copies per micro-batch at full depth (a line through the traced depths
+    like every other figure) and one block's share (the slope per block)."""
+    per_trace = [_copied_bytes(t) // max(t.micro_steps_traced, 1) for t in traces]
+    if fit is None:
+        blocks = max(len(traces[-1].blocks), 1)
+        return OffloadTraffic(per_trace[-1], per_trace[-1] // blocks)
+    total = max(0, extrapolate_by_kind(per_trace, fit))
+    slope = per_trace[-1] - per_trace[-2] if len(per_trace) > 1 else per_trace[-1]
+    return OffloadTraffic(total, max(0, slope))
+
+
+def activation_offload_seconds(traffic: OffloadTraffic, phase_seconds: dict[str, float], micro_batches: int,
+                               profile: DeviceProfile) -> tuple[float, str]:
+    """(exposed seconds per step, note). `phase_seconds`: device seconds of one micro-batch's
+    forward and backward (recomputation included)."""
+    link = profile.host_to_device
+    if link is None or traffic.per_micro_batch == 0:
+        return 0.0, "activation offload: nothing moves on this device (the saved tensors stay where they are)"
+    one_way = link.seconds(traffic.per_micro_batch)
+    forward_excess = max(0.0, one_way - phase_seconds.get("forward", 0.0))
+    first_block = link.seconds(traffic.last_block)
+    rest = max(0.0, one_way - first_block)
+    backward_excess = max(0.0, rest - phase_seconds.get("backward", 0.0))
+    exposed = micro_batches * (forward_excess + first_block + backward_excess)
+    note = (f"activation offload: {traffic.per_micro_batch / 2**20:.1f} MiB each way per micro-batch over PCIe "
+            f"({2 * one_way * 1e3:.2f} ms of copies a micro-batch), overlapped with compute except "
+            f"{exposed / micro_batches * 1e3:.2f} ms (the first block of backward waits for its copy)")
+    return exposed, note
+
+
+def _copied_bytes(trace: StepTrace) -> int:
+    """Bytes of host copies made inside the measured window."""
+    made = set()
+    for index, (kind, key) in enumerate(trace.events):
+        if index >= trace.window_start and kind == "alloc" and trace.records[key].op == OFFLOADED_OP:
+            made.add(key)
+    return sum(trace.records[key].nbytes for key in made)
