@@ -17,6 +17,8 @@ from trainwise.plan.combinations import check_combinations
 from trainwise.common.errors import InputError, NotSupportedYet
 from trainwise.plan.layout import Layout
 from trainwise.plan.plan import Plan
+from trainwise.step.float8 import check_float8
+from trainwise.step.kernels import check_kernels
 
 
 def check_request(plan: Plan, device: Device, spec: ModelSpec | None = None, *,
@@ -36,6 +38,8 @@ def check_request_and_layout(plan: Plan, device: Device, spec: ModelSpec | None 
     the checks and kept for the run."""
     layout = check_combinations(plan, world_size)
     check_device_support(plan, device)
+    check_kernels(plan, device, spec, here)
+    check_float8(plan, device, here)
     if here:
         check_installation(plan, device.kind)
     if plan.attention != "auto":
@@ -74,3 +78,7 @@ def check_estimate_support(plan: Plan) -> None:
         raise NotSupportedYet("--compile", "estimate (its memory is at most the eager estimate; drop the flag)")
     if plan.classic != "none":
         raise NotSupportedYet("--classic", "estimate (it would show one device's figure, not each GPU's)")
+    if plan.kernels != "none":
+        raise NotSupportedYet("--kernels", "estimate (Liger's Triton kernels cannot run on fake tensors and what "
+                                           "they save for backward is not modelled yet; estimate without --kernels "
+                                           "keeps the full logits and the unfused activations)")
