@@ -30,6 +30,8 @@ from trainwise.models import build_model, example_batch, resolve_model
 from trainwise.models.attention import pick_attention
 from trainwise.plan import InputError, plan_from_sources
 from trainwise.common.errors import OutOfMemory
+from trainwise.step.float8 import apply_float8, check_float8
+from trainwise.step.kernels import apply_kernels, check_kernels
 from trainwise.step.lora import apply_lora
 
 HF_OPTIMIZERS = {"adamw": "adamw_torch", "adamw-fused": "adamw_torch_fused", "adafactor": "adafactor",
@@ -123,10 +125,16 @@ def run(args) -> None:
     spec = resolve_model(args.model, task=args.task)
     if plan.attention == "auto":  # the pick trainwise's row makes, so both engines run one kernel
         plan = plan.replace(attention=pick_attention(resolve_device(_device_name(device)), spec, here=True)[0])
+    # Kernels and float8 are applied to the Trainer's model the way trainwise applies them
+    # (the Trainer has no float8 switch), so the row compares the engines on one plan.
+    check_kernels(plan, resolve_device(_device_name(device)), spec, here=True)
+    check_float8(plan, resolve_device(_device_name(device)), here=True)
     torch.manual_seed(args.seed)
-    model = build_model(spec, "cpu", attention=plan.attention)
+    model = apply_kernels(build_model(spec, "cpu", attention=plan.attention), plan, spec.task)
     if plan.lora:
         model = apply_lora(model, plan, spec.task)
+    if plan.float8:
+        model = apply_float8(model, plan)
     if plan.precision == "bf16-pure":
         model = model.to(torch.bfloat16)
     micro_batches = SyntheticMicroBatches(spec, plan.batch_size, plan.seq_len, args.seed, rank=0, world_size=1)

@@ -41,12 +41,12 @@ def check_float8(plan, device: Device, here: bool) -> None:
 
 def _check_float8_device(device: Device) -> None:
     if device.kind != "cuda":
-        raise InputError("--float8", f"float8 matmuls need a CUDA GPU of compute capability 8.9+ (Ada, Hopper "
-                                     f"or newer); the target is {device.name}: drop --float8")
+        raise InputError("--float8", f"needs a CUDA GPU of compute capability 8.9+ (Ada, Hopper or newer) for "
+                                     f"float8 matmuls; the target is {device.name}: drop --float8")
     gpu = device.gpu
     if gpu is not None and not gpu.supports_float8:
         capability = "{}.{}".format(*gpu.compute_capability)
-        raise InputError("--float8", f"float8 matmuls need compute capability 8.9+ (Ada, Hopper or newer); "
+        raise InputError("--float8", f"needs compute capability 8.9+ (Ada, Hopper or newer) for float8 matmuls; "
                                      f"{gpu.name} has {capability}: drop --float8")
 
 

@@ -49,14 +49,14 @@ def check_kernels(plan, device: Device, spec=None, here: bool = False) -> None:
     if plan.kernels == "none":
         return
     if device.kind != "cuda":
-        raise InputError("--kernels", f"liger runs Triton kernels, which need a CUDA GPU; the target is "
+        raise InputError("--kernels", f"liger needs a CUDA GPU (its kernels are Triton kernels); the target is "
                                       f"{device.name}: use --kernels none")
     if plan.tp > 1 or plan.pp > 1:
         raise InputError("--kernels", "liger with tensor or pipeline parallel (--tp, --pp) is not supported yet: "
                                       "use --kernels none")
     if spec is not None and spec.family not in LIGER_FAMILIES:
-        raise InputError("--kernels", f"liger supports the families {', '.join(LIGER_FAMILIES)}; this model is "
-                                      f"{spec.family or 'a model function'}: use --kernels none")
+        raise InputError("--kernels", f"liger needs a model of the families it patches ({', '.join(LIGER_FAMILIES)}); "
+                                      f"this model is {spec.family or 'a model function'}: use --kernels none")
     if here and not installed("liger_kernel"):
         raise InputError("--kernels", f"liger needs the liger-kernel package, which is not installed here "
                                       f"({INSTALL_LINE})")
