@@ -8,6 +8,7 @@ planner tries it only when the user allows it."""
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from trainwise.common.errors import InputError
@@ -83,4 +84,20 @@ def apply_float8(model: nn.Module, plan) -> nn.Module:
 
     sharded = plan.fsdp > 1 or (plan.zero or 0) >= 2
     config = Float8LinearConfig(enable_fsdp_float8_all_gather=sharded)
-    return convert_to_float8_training(model, module_filter_fn=float8_layer_filter(model), config=config)
+    chosen = float8_layer_filter(model)
+    names = {name for name, module in model.named_modules() if chosen(module, name)}
+    model = convert_to_float8_training(model, module_filter_fn=chosen, config=config)
+    for name in names:
+        model.get_submodule(name).register_forward_pre_hook(_input_in_autocast_dtype)
+    return model
+
+
+def _input_in_autocast_dtype(module: nn.Module, args: tuple):
+    """Cast a converted layer's input to the autocast dtype, as torchao's forward does under
+    CUDA autocast. torchao looks at CUDA autocast only; the estimate traces a CUDA step
+    under CPU autocast (trainwise/trace/autocast_policy.py), where without this the input
+    would stay fp32. On a GPU the cast is then a no-op (already that dtype)."""
+    for device_type in ("cuda", "cpu"):
+        if torch.is_autocast_enabled(device_type):
+            return (args[0].to(torch.get_autocast_dtype(device_type)), *args[1:])
+    return None
