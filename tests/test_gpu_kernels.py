@@ -202,3 +202,34 @@ def test_the_gpu_extra_pins_every_optional_gpu_package():
     assert all("<" in names[name] and ">=" in names[name] for name in ("liger-kernel", "torchao"))
     base = " ".join(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
     assert "liger" not in base and "torchao" not in base  # GPU-only: never in the base install
+
+
+def test_a_converted_layer_sees_its_input_in_the_autocast_dtype_of_either_device():
+    """torchao casts a float8 layer's input only under CUDA autocast; the estimate traces a
+    CUDA step under CPU autocast, so the layer's pre-hook casts there too (a GPU run: no-op)."""
+    import torch
+
+    from trainwise.step.float8 import _input_in_autocast_dtype
+
+    layer, x = nn.Linear(16, 16), torch.ones(2, 16)
+    assert _input_in_autocast_dtype(layer, (x,)) is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        (cast,) = _input_in_autocast_dtype(layer, (x,))
+    assert cast.dtype == torch.bfloat16
+
+
+@pytest.mark.fault
+def test_the_trainer_baseline_refuses_the_gpu_knobs_as_trainwise_does(tmp_path, capsys, fault_log):
+    import json
+
+    from trainwise.bench import hf_trainer_worker
+
+    for knobs, field in (({"kernels": "liger"}, "--kernels"), ({"float8": True, "precision": "bf16"}, "--float8")):
+        plan_file = tmp_path / "plan.json"
+        plan_file.write_text(json.dumps({**Plan(device="cpu", seq_len=16, batch_size=1).to_dict(), **knobs}))
+        code = hf_trainer_worker.main(["tiny-llama", "--plan", str(plan_file), "--data", "synthetic", "--steps", "1",
+                                       "--metrics", str(tmp_path / "m.jsonl")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and err[0].startswith(f"trainwise: error: {field}: ")
+        assert "needs a CUDA GPU" in err[0] and "the target is cpu" in err[0]
+        fault_log(kind="bad input", case=f"Trainer baseline row with {knobs} on cpu", exit_code=2, message=err[0])
