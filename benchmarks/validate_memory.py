@@ -69,7 +69,13 @@ def _bert(name: str, **knobs) -> Config:
 
 def _llama(name: str, **knobs) -> Config:
     """Llama-3.2-1B causal LM at 2048 tokens, bf16 mixed precision unless said otherwise."""
-    return Config(name, "Llama-3.2-1B", "causal-lm", {"seq_len": 2048, "precision": "bf16", **knobs})
+    return Config(name, "Llama-3.2-1B", "causal-lm", {"seq_len": 2048, "precision": "bf16", **knobs},
+                  _gpu_packages(knobs))
+
+
+def _gpu_packages(knobs: dict) -> tuple[str, ...]:
+    """The optional packages (pip install 'trainwise[gpu]') a row's GPU-only knobs need."""
+    return (("liger_kernel",) if knobs.get("kernels") == "liger" else ()) + (("torchao",) if knobs.get("float8") else ())
 
 
 ONE_BY_FOUR = {"batch_size": 1, "grad_accum": 4}
@@ -100,6 +106,14 @@ MATRIX: tuple[Config, ...] = (
     # --activation-offload: the device peak without the blocks' saved tensors (host copies).
     _llama("llama-1b b4 bf16 act-offload", batch_size=4, activation_offload=True),
     _llama("llama-1b b4 bf16 ckpt act-offload", batch_size=4, grad_ckpt=True, activation_offload=True),
+    # GPU-only knobs (issue 17). estimate refuses --kernels liger (its Triton kernels do not
+    # run on fake tensors), so those rows are measured with no prediction beside them; the
+    # float8 rows are eager here and in the estimate (the run needs --compile for speed,
+    # not for its memory to be compared).
+    _llama("llama-1b b4 bf16 liger", batch_size=4, kernels="liger"),
+    _llama("llama-1b b4 bf16 ckpt liger", batch_size=4, grad_ckpt=True, kernels="liger"),
+    _llama("llama-1b b4 bf16 float8", batch_size=4, float8=True),
+    _llama("llama-1b b4 bf16-pure ckpt float8", batch_size=4, precision="bf16-pure", grad_ckpt=True, float8=True),
 )
 
 QUICK = ("bert b4", "bert b1x4 ckpt fp16", "bert b4 adafactor", "llama-1b b1 bf16", "llama-1b b4 bf16 lora16 ckpt")

@@ -18,6 +18,8 @@ from trainwise.common.errors import InputError, NotSupportedYet
 from trainwise.plan.layout import Layout
 from trainwise.plan.plan import Plan
 from trainwise.step.activation_offload import CPU_OFFLOAD_NOTE, check_activation_offload
+from trainwise.step.float8 import check_float8
+from trainwise.step.kernels import check_kernels
 
 
 def check_request(plan: Plan, device: Device, spec: ModelSpec | None = None, *,
@@ -38,6 +40,8 @@ def check_request_and_layout(plan: Plan, device: Device, spec: ModelSpec | None 
     layout = check_combinations(plan, world_size)
     check_activation_offload(plan)
     check_device_support(plan, device)
+    check_kernels(plan, device, spec, here)
+    check_float8(plan, device, here)
     if here:
         check_installation(plan, device.kind)
     notes = [CPU_OFFLOAD_NOTE] if plan.activation_offload and device.kind == "cpu" else []
@@ -77,3 +81,7 @@ def check_estimate_support(plan: Plan) -> None:
         raise NotSupportedYet("--compile", "estimate (its memory is at most the eager estimate; drop the flag)")
     if plan.classic != "none":
         raise NotSupportedYet("--classic", "estimate (it would show one device's figure, not each GPU's)")
+    if plan.kernels != "none":
+        raise NotSupportedYet("--kernels", "estimate (Liger's Triton kernels cannot run on fake tensors and what "
+                                           "they save for backward is not modelled yet; estimate without --kernels "
+                                           "keeps the full logits and the unfused activations)")

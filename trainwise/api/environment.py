@@ -22,6 +22,8 @@ from trainwise.hardware.topology import read_links
 OPTIONAL_PACKAGES = {
     "flash-attn": "--attention flash",
     "bitsandbytes": "--optim adamw-8bit",
+    "liger-kernel": "--kernels liger",
+    "torchao": "--float8",
     "deepspeed": "not used by trainwise (listed for comparison)",
     "apex": "not used by trainwise (listed for comparison)",
     "peft": "--lora-rank",

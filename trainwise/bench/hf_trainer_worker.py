@@ -32,6 +32,8 @@ from trainwise.plan import InputError, plan_from_sources
 from trainwise.common.errors import OutOfMemory
 from trainwise.step.activation_offload import enable_activation_offload
 from trainwise.step.checkpointing import largest_module_list
+from trainwise.step.float8 import apply_float8, check_float8
+from trainwise.step.kernels import apply_kernels, check_kernels
 from trainwise.step.lora import apply_lora
 
 HF_OPTIMIZERS = {"adamw": "adamw_torch", "adamw-fused": "adamw_torch_fused", "adafactor": "adafactor",
@@ -125,10 +127,16 @@ def run(args) -> None:
     spec = resolve_model(args.model, task=args.task)
     if plan.attention == "auto":  # the pick trainwise's row makes, so both engines run one kernel
         plan = plan.replace(attention=pick_attention(resolve_device(_device_name(device)), spec, here=True)[0])
+    # Kernels and float8 are applied to the Trainer's model the way trainwise applies them
+    # (the Trainer has no float8 switch), so the row compares the engines on one plan.
+    check_kernels(plan, resolve_device(_device_name(device)), spec, here=True)
+    check_float8(plan, resolve_device(_device_name(device)), here=True)
     torch.manual_seed(args.seed)
-    model = build_model(spec, "cpu", attention=plan.attention)
+    model = apply_kernels(build_model(spec, "cpu", attention=plan.attention), plan, spec.task)
     if plan.lora:
         model = apply_lora(model, plan, spec.task)
+    if plan.float8:
+        model = apply_float8(model, plan)
     if plan.precision == "bf16-pure":
         model = model.to(torch.bfloat16)
     if plan.activation_offload:  # the Trainer has no such switch: the same hooks, installed the same way

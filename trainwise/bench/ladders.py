@@ -1,8 +1,9 @@
 """Ladders: named lists of plans, each a rung that changes a few knobs from a base.
 
 `default` is the classic single-GPU ladder (vanilla, accumulation, checkpointing, fp16,
-optimizers, combinations, compile, LoRA); `quick` is a CPU-sized subset that still shows
-rows this device must skip. Users pass their own as YAML: a list of {name, plan}."""
+optimizers, combinations, compile, Liger kernels, float8, LoRA); `quick` is a CPU-sized
+subset that still shows rows this device must skip. Users pass their own as YAML: a list
+of {name, plan}."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ DEFAULT = (
     ("bf16 combined", {**COMBINED, "precision": "bf16"}),
     ("+ torch.compile", {**COMBINED, "precision": "bf16", "compile": True}),
     ("activation offload", {"batch_size": 4, "precision": "bf16", "activation_offload": True}),
+    ("+ liger kernels", {**COMBINED, "precision": "bf16", "kernels": "liger"}),
+    ("+ float8 compiled", {**COMBINED, "precision": "bf16", "compile": True, "float8": True}),
     ("lora r16", {"batch_size": 4, "lora_rank": 16}),
 )
 

@@ -86,6 +86,11 @@ class GPU:
         """FlashAttention-2 (and PyTorch's flash SDPA backend) need sm80 or newer."""
         return self.compute_capability >= (8, 0)
 
+    @property
+    def supports_float8(self) -> bool:
+        """float8 (e4m3/e5m2) tensor-core matmuls arrived with Ada (sm89) and Hopper (sm90)."""
+        return self.compute_capability >= (8, 9)
+
     def peak(self, dtype: str) -> float | None:
         """Peak dense FLOP/s for `dtype`, or None when unsupported or unknown."""
         return self.peak_flops.get(dtype)

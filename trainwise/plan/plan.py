@@ -16,6 +16,7 @@ PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 LR_SCHEDULES = ("cosine", "linear", "constant")
 CLASSIC_LAYOUTS = ("none", "data-parallel", "vertical")
+KERNELS = ("none", "liger")
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,11 @@ class Plan:
                                           "and says which", choices=ATTENTIONS)
     compile: bool = knob(False, "torch.compile the model")
     compile_mode: str = knob("default", "torch.compile mode", choices=COMPILE_MODES)
+    kernels: str = knob("none", "fused kernels patched into the model at run time: liger (Liger-Kernel's RMSNorm, "
+                                "RoPE, SwiGLU/GeGLU and fused linear cross-entropy; Llama, Mistral, Qwen2/3 and "
+                                "Gemma families; CUDA)", choices=KERNELS)
+    float8: bool = knob(False, "float8 matmuls in the linear layers (torchao float8 training; compute capability "
+                               "8.9+, with --compile; changes the training math)")
     lora_rank: int = knob(0, "LoRA rank (0 trains all weights)", minimum=0)
     lora_alpha: int = knob(16, "LoRA scaling alpha", minimum=1)
     lora_targets: str = knob("auto", "comma-separated module names for LoRA, or auto (peft's default for the model)")

@@ -10,21 +10,28 @@ from torch import nn
 from trainwise.plan.plan import Plan
 from trainwise.step.activation_offload import enable_activation_offload
 from trainwise.step.checkpointing import enable_checkpointing, largest_module_list
+from trainwise.step.float8 import apply_float8
+from trainwise.step.kernels import apply_kernels
 from trainwise.step.lora import apply_lora
 from trainwise.step.moe import enable_router_aux_loss
 from trainwise.step.precision import PrecisionPolicy
 
 
 def prepare_model(model: nn.Module, plan: Plan, policy: PrecisionPolicy, task: str | None = None) -> nn.Module:
-    """Apply, in order: MoE router loss -> LoRA adapters -> gradient checkpointing ->
-    activation offload -> weight dtype -> train mode.
+    """Apply, in order: MoE router loss -> fused kernels -> LoRA adapters -> float8 linear
+    layers -> gradient checkpointing -> activation offload -> weight dtype -> train mode.
 
-    LoRA first so checkpointing wraps the adapted blocks; offload after checkpointing so
-    its hooks sit outside the checkpoint (what moves is then the block input the checkpoint
-    keeps); the dtype cast last so adapters are cast too under bf16-pure."""
+    Kernels first so Liger finds the family's own modules; LoRA before checkpointing so
+    checkpointing wraps the adapted blocks; float8 before checkpointing and the dtype cast
+    so the swapped layers are wrapped and cast like the others; offload after checkpointing
+    so its hooks sit outside the checkpoint (what moves is then the block input the
+    checkpoint keeps); the dtype cast last so adapters are cast too under bf16-pure."""
     enable_router_aux_loss(model)
+    model = apply_kernels(model, plan, task)
     if plan.lora:
         model = apply_lora(model, plan, task)
+    if plan.float8:
+        model = apply_float8(model, plan)
     if plan.grad_ckpt:
         model = enable_checkpointing(model)
     if plan.activation_offload:

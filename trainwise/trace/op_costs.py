@@ -37,6 +37,7 @@ import functools
 from dataclasses import dataclass, field
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count, shape_wrapper
 
 from trainwise.trace.flops_formulas import model_flop_formulas
@@ -105,7 +106,7 @@ class OpCostRecorder:
 
     def record(self, func, args, kwargs, out, outputs: list[torch.Tensor], phase: str, module: str) -> None:
         op_class = classify(func)
-        inputs = _tensors(args, kwargs)
+        inputs = [_payload(t) for t in _tensors(args, kwargs)]
         if op_class == "elementwise" and module in self.norm_modules:
             op_class = "normalization"
         flops = read = written = 0
@@ -138,6 +139,16 @@ def _tensors(args: tuple, kwargs: dict | None) -> list[torch.Tensor]:
         elif isinstance(value, (list, tuple)):
             found.extend(v for v in value if isinstance(v, torch.Tensor))
     return found
+
+
+def _payload(tensor: torch.Tensor) -> torch.Tensor:
+    """What an op reads from `tensor`: a wrapper subclass keeping its data in `_data`
+    (torchao's float8 training tensor: float8 bytes behind a bf16 dtype) reads that, so
+    its matmul is priced at the float8 rate on 1-byte operands."""
+    if type(tensor) is FakeTensor:
+        return tensor
+    data = getattr(tensor, "_data", None)
+    return data if isinstance(data, torch.Tensor) else tensor
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

@@ -1,0 +1,103 @@
+"""Float8 training (`--float8`): the model's linear layers swapped for torchao's Float8Linear,
+which casts each matmul's input, weight and output gradient to float8 with a dynamic
+per-tensor scale and multiplies them on the float8 tensor cores (torch._scaled_mm).
+
+What runs is torchao's; trainwise decides which layers take part and refuses what cannot
+run. It changes the training math (float8 rounding of every converted matmul), so the
+planner tries it only when the user allows it."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from trainwise.common.errors import InputError
+from trainwise.hardware.device import Device
+from trainwise.hardware.installation import installed
+
+INSTALL_LINE = "pip install 'trainwise[gpu]'"
+# float8 GEMMs need both matrix dimensions to be multiples of 16 (cuBLASLt's fp8 layout).
+FLOAT8_ALIGNMENT = 16
+FLOAT8_PRECISIONS = ("bf16", "bf16-pure")
+
+
+def check_float8(plan, device: Device, here: bool) -> None:
+    """InputError naming --float8 when the plan's float8 cannot run on `device` (or, with
+    `here`, on this machine). The plan-only rules come first, then the device, then what
+    must be installed here."""
+    if not plan.float8:
+        return
+    if plan.precision not in FLOAT8_PRECISIONS:
+        raise InputError("--float8", f"casts bf16 matmuls to float8; --precision {plan.precision} is not bf16: "
+                                     "use --precision bf16 or bf16-pure")
+    if plan.lora:
+        raise InputError("--float8", "with LoRA (--lora-rank) is not supported yet: drop one of them")
+    if plan.tp > 1:
+        raise InputError("--float8", "with tensor parallel (--tp) is not supported yet (it needs torchao's "
+                                     "float8 parallel styles): drop one of them")
+    _check_float8_device(device)
+    if here:
+        _check_float8_here(plan)
+
+
+def _check_float8_device(device: Device) -> None:
+    if device.kind != "cuda":
+        raise InputError("--float8", f"needs a CUDA GPU of compute capability 8.9+ (Ada, Hopper or newer) for "
+                                     f"float8 matmuls; the target is {device.name}: drop --float8")
+    gpu = device.gpu
+    if gpu is not None and not gpu.supports_float8:
+        capability = "{}.{}".format(*gpu.compute_capability)
+        raise InputError("--float8", f"needs compute capability 8.9+ (Ada, Hopper or newer) for float8 matmuls; "
+                                     f"{gpu.name} has {capability}: drop --float8")
+
+
+def _check_float8_here(plan) -> None:
+    """Rules for a run on this machine: torchao present, and torch.compile on (eager
+    float8 runs its casts as separate kernels and is slower than bf16, so --float8
+    without --compile would not give what the flag is for)."""
+    if not installed("torchao"):
+        raise InputError("--float8", f"needs the torchao package, which is not installed here ({INSTALL_LINE})")
+    if not plan.compile:
+        raise InputError("--float8", "is only faster than bf16 compiled (eager float8 runs its scaling casts as "
+                                     "separate kernels): add --compile")
+
+
+def float8_layer_filter(model: nn.Module):
+    """The filter torchao calls with (module, qualified name): True for the nn.Linear layers
+    to convert. Left out: the output head (its logits feed the loss, where float8 rounding
+    costs most accuracy, and it is often tied to the input embedding) and any layer whose
+    input or output width is not a multiple of 16."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+
+    def convert(module: nn.Module, name: str) -> bool:
+        if not isinstance(module, nn.Linear) or module is head:
+            return False
+        return module.in_features % FLOAT8_ALIGNMENT == 0 and module.out_features % FLOAT8_ALIGNMENT == 0
+
+    return convert
+
+
+def apply_float8(model: nn.Module, plan) -> nn.Module:
+    """Swap the filtered linear layers for torchao Float8Linear (in place; returns `model`).
+    Under FSDP2 the weights are all-gathered in float8 (half the bf16 traffic)."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    sharded = plan.fsdp > 1 or (plan.zero or 0) >= 2
+    config = Float8LinearConfig(enable_fsdp_float8_all_gather=sharded)
+    chosen = float8_layer_filter(model)
+    names = {name for name, module in model.named_modules() if chosen(module, name)}
+    model = convert_to_float8_training(model, module_filter_fn=chosen, config=config)
+    for name in names:
+        model.get_submodule(name).register_forward_pre_hook(_input_in_autocast_dtype)
+    return model
+
+
+def _input_in_autocast_dtype(module: nn.Module, args: tuple):
+    """Cast a converted layer's input to the autocast dtype, as torchao's forward does under
+    CUDA autocast. torchao looks at CUDA autocast only; the estimate traces a CUDA step
+    under CPU autocast (trainwise/trace/autocast_policy.py), where without this the input
+    would stay fp32. On a GPU the cast is then a no-op (already that dtype)."""
+    for device_type in ("cuda", "cpu"):
+        if torch.is_autocast_enabled(device_type):
+            return (args[0].to(torch.get_autocast_dtype(device_type)), *args[1:])
+    return None
