@@ -20,10 +20,15 @@ class RunConfig:
     """Everything about a run that is not a per-step knob."""
 
     data: str = knob("builtin", "training data: builtin (a small text corpus shipped with trainwise, "
-                                "byte tokens), synthetic (random tokens), or a .txt/.jsonl/.parquet file or directory")
+                                "byte tokens), synthetic (random tokens), a .txt/.jsonl/.csv/.parquet file, a directory "
+                                "or glob of them, or a save_to_disk directory")
     tokenizer: str | None = knob(None, "local Hugging Face tokenizer directory (for file data; "
                                        "default: byte tokens)", optional=True, kind=str)
-    text_field: str = knob("text", "field holding the text in .jsonl/.parquet data")
+    text_field: str = knob("text", "field holding the text in .jsonl/.csv/.parquet/saved data")
+    data_split: str = knob("train", "split of a DatasetDict saved with save_to_disk")
+    chat: str | None = knob(None, "train on conversations: FIELD holds a list of {role, content} messages, formatted "
+                                  "with --tokenizer's chat template; the loss covers the assistant turns only",
+                            optional=True, kind=str)
     steps: int = knob(100, "optimizer steps to run", minimum=1)
     output: str | None = knob(None, "directory for checkpoints and the final model", optional=True, kind=str)
     save_every: int = knob(0, "save a checkpoint every N steps (0: only at the end)", minimum=0)

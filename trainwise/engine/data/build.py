@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from trainwise.engine.data.builtin_corpus import SOURCE_NAME, builtin_documents
+from trainwise.engine.data.chat import chat_data
 from trainwise.engine.data.order import EVAL_STREAM, MicroBatchOrder, mixed_seed
 from trainwise.engine.data.packing import MIN_ROW_TOKENS, PackedCorpus, held_out_batches, pack
 from trainwise.engine.data.text_files import read_documents
@@ -26,6 +27,9 @@ def build_data(run: RunConfig, spec: ModelSpec, plan: Plan, *, rank: int = 0, wo
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside world size {world_size}")
     check_seq_len(spec, plan.seq_len)
+    if run.chat and run.data in ("synthetic", "builtin"):
+        raise InputError("--chat", f"formats conversations from a file; --data {run.data} has none: give "
+                                   "--data FILE (.jsonl, .parquet, a saved dataset...) with a messages field")
     if run.data == "synthetic":
         return _synthetic(run, spec, plan, rank, world_size)
     return _text(run, spec, plan, rank, world_size)
@@ -48,13 +52,15 @@ def _text(run: RunConfig, spec: ModelSpec, plan: Plan, rank: int, world_size: in
     if spec.task != TEXT_TASK:
         raise InputError("--data", f"text data trains causal-lm models, and {spec.name} is set up for {spec.task}; "
                                    "use --data synthetic for seq-cls/seq2seq/masked-lm, or pass --task causal-lm")
+    if run.chat:
+        return chat_data(run, spec, plan, rank, world_size)
     tokenizer = LocalTokenizer(run.tokenizer) if run.tokenizer else ByteTokenizer()
     vocab_field = "--tokenizer" if run.tokenizer else "--data"
     _check_vocab(tokenizer.vocab_needed, f"{tokenizer.name} use", spec, vocab_field)
     if run.data == "builtin":
         documents, origin = builtin_documents(), f"builtin corpus ({SOURCE_NAME})"
     else:
-        documents, origin = read_documents(run.data, run.text_field), run.data
+        documents, origin = read_documents(run.data, run.text_field, run.data_split), run.data
     stream = tokenizer.stream(documents)
     if len(stream):
         _check_vocab(int(stream.max()) + 1, f"{origin} tokenised gives", spec, vocab_field)

@@ -57,6 +57,11 @@ class LocalTokenizer:
         self.eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
         self.vocab_needed = len(tokenizer)
 
+    @property
+    def hf_tokenizer(self):
+        """The transformers tokenizer itself (chat templates, special tokens)."""
+        return self._tokenizer
+
     def stream(self, documents: Sequence[str]) -> torch.Tensor:
         """All documents' token ids in order, each followed by the end-of-document id
         (eos, else sep; nothing when the tokenizer has neither)."""
