@@ -114,6 +114,14 @@ class UnitKey:
     attention: str
     optim: str
     profile: tuple = ()  # the device profile timing it (name, source, corrections); () for none
+    others: tuple = ()  # every other knob that may change the trace (loss, kernels, offload, ...), sorted
+
+
+# Knobs a unit's key never needs: the batch shape and the layout (the screen varies them
+# itself), and the device (the cache is per model and profile already).
+NOT_IN_KEY = ("batch_size", "grad_accum", "nproc", "dp", "fsdp", "zero", "cpu_offload", "tp", "pp",
+              "sequence_parallel", "microbatches", "pp_schedule", "classic", "device", "seq_len", "precision",
+              "grad_ckpt", "attention", "optim")
 
 
 # seconds_of(result) -> (forward_s, backward_s, optimizer_s) of one traced step.
@@ -139,8 +147,9 @@ def traced_unit(spec: ModelSpec, plan: Plan, device: Device, tp: int, sequence_p
     """The unit of `spec` at `tp` under `plan`'s sequence length, precision (as traced),
     checkpointing, attention and optimizer, its traces timed with `profile`; cached."""
     timing = () if profile is None else (profile.device_name, profile.source, tuple(sorted(profile.corrections.items())))
+    others = tuple(sorted((k, v) for k, v in plan.to_dict().items() if k not in NOT_IN_KEY))
     key = UnitKey(spec.name, tp, sequence_parallel, plan.seq_len, plan.precision, plan.grad_ckpt, plan.attention,
-                  plan.optim, timing)
+                  plan.optim, timing, others)
     if key not in _CACHE:
         _CACHE[key] = _trace_unit(spec, plan, device, tp, sequence_parallel, seconds_of, profile, key)
     return _CACHE[key]
