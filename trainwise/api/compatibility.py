@@ -13,6 +13,7 @@ from trainwise.hardware import Device
 from trainwise.hardware.installation import check_installation
 from trainwise.models import ModelSpec
 from trainwise.models.attention import check_flash, pick_attention
+from trainwise.models.documents import check_packing
 from trainwise.plan.combinations import check_combinations
 from trainwise.common.errors import InputError, NotSupportedYet
 from trainwise.plan.layout import Layout
@@ -38,11 +39,14 @@ def check_request_and_layout(plan: Plan, device: Device, spec: ModelSpec | None 
     check_device_support(plan, device)
     if here:
         check_installation(plan, device.kind)
+    notes = []
     if plan.attention != "auto":
         check_flash(plan, device, spec, here)
-        return plan, [], layout
-    choice, note = pick_attention(device, spec, here)
-    return plan.replace(attention=choice), [note], layout
+    else:
+        choice, note = pick_attention(device, spec, here)
+        plan, notes = plan.replace(attention=choice), [note]
+    check_packing(plan, spec)  # after auto is resolved: flash packs documents only one row at a time
+    return plan, notes, layout
 
 
 def check_device_support(plan: Plan, device: Device) -> None:

@@ -27,6 +27,7 @@ from trainwise.engine.metrics import MetricsLog, StepTimer
 from trainwise.engine.runtime import runtime_device, synchronize
 from trainwise.hardware import resolve_device
 from trainwise.models import build_model, example_batch, resolve_model
+from trainwise.models.documents import attend_within_documents
 from trainwise.models.attention import pick_attention
 from trainwise.plan import InputError, plan_from_sources
 from trainwise.common.errors import OutOfMemory
@@ -125,11 +126,14 @@ def run(args) -> None:
         plan = plan.replace(attention=pick_attention(resolve_device(_device_name(device)), spec, here=True)[0])
     torch.manual_seed(args.seed)
     model = build_model(spec, "cpu", attention=plan.attention)
+    if plan.packing == "documents":
+        attend_within_documents(model)  # what a Trainer user packing documents must do too
     if plan.lora:
         model = apply_lora(model, plan, spec.task)
     if plan.precision == "bf16-pure":
         model = model.to(torch.bfloat16)
-    micro_batches = SyntheticMicroBatches(spec, plan.batch_size, plan.seq_len, args.seed, rank=0, world_size=1)
+    micro_batches = SyntheticMicroBatches(spec, plan.batch_size, plan.seq_len, args.seed, rank=0, world_size=1,
+                                          documents=plan.packing == "documents")
     data = _SameSamples(micro_batches, plan.batch_size, args.steps * plan.grad_accum)
     measure = _Measure(device, plan, args, *_flops_and_peak(spec, plan, device))
     with tempfile.TemporaryDirectory() as scratch:
@@ -147,7 +151,8 @@ def _flops_and_peak(spec, plan, device) -> tuple[int | None, float | None]:
     if peak is None:
         return None, None
     meta = build_model(spec, "meta", attention=plan.attention)
-    count = count_training_flops(meta, lambda: example_batch(spec, plan.batch_size, plan.seq_len, device="cpu"),
+    count = count_training_flops(meta, lambda: example_batch(spec, plan.batch_size, plan.seq_len, device="cpu",
+                                                               documents=plan.packing == "documents"),
                                  plan, spec.task)
     return count.total * plan.grad_accum, peak
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from trainwise.models.documents import attend_within_documents
 from trainwise.plan.plan import Plan
 from trainwise.step.checkpointing import enable_checkpointing
 from trainwise.step.lora import apply_lora
@@ -15,12 +16,14 @@ from trainwise.step.precision import PrecisionPolicy
 
 
 def prepare_model(model: nn.Module, plan: Plan, policy: PrecisionPolicy, task: str | None = None) -> nn.Module:
-    """Apply, in order: MoE router loss -> LoRA adapters -> gradient checkpointing ->
-    weight dtype -> train mode.
+    """Apply, in order: MoE router loss -> KV cache off (--packing documents) -> LoRA
+    adapters -> gradient checkpointing -> weight dtype -> train mode.
 
     LoRA first so checkpointing wraps the adapted blocks; the dtype cast last so adapters
     are cast too under bf16-pure."""
     enable_router_aux_loss(model)
+    if plan.packing == "documents":
+        attend_within_documents(model)  # else a KV cache hides the documents from the mask
     if plan.lora:
         model = apply_lora(model, plan, task)
     if plan.grad_ckpt:
