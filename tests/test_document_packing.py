@@ -164,11 +164,11 @@ def test_loss_curve_packed_with_document_masks_matches_the_documents_unpadded_ov
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("attention", ["sdpa", "eager"])
-def test_estimate_peak_with_document_masks_within_3_percent_of_a_cpu_step(attention):
-    plan = Plan.from_dict({"batch_size": 4, "seq_len": 128, "device": "cpu", "attention": attention,
-                           "packing": "documents"})
-    spec = resolve_model("tiny-llama")
+@pytest.mark.parametrize("name,knobs", [("tiny-llama", {}), ("tiny-llama", {"attention": "eager"}),
+                                        ("tiny-llama", {"grad_ckpt": True}), ("tiny-gpt2", {})])
+def test_estimate_peak_with_document_masks_within_3_percent_of_a_cpu_step(name, knobs):
+    plan = Plan.from_dict({"batch_size": 4, "seq_len": 128, "device": "cpu", "packing": "documents", **knobs})
+    spec = resolve_model(name)
     measured, predicted = measure_step(spec, plan), estimate(spec, plan).memory
     error = (predicted.peak_allocated - measured.peak_allocated) / measured.peak_allocated
     assert abs(error) < PEAK_TOLERANCE, f"predicted {predicted.peak_allocated:,} B, measured " \
@@ -199,3 +199,21 @@ def test_packing_documents_is_refused_where_attention_would_cross_them(case, cap
     assert not (tmp_path / "out").exists()
     fault_log(kind="bad input", case=f"{command} {model} --packing documents ({case})", exit_code=code,
               message=err[0])
+
+
+@pytest.mark.fault
+def test_a_tokenizer_without_an_end_of_document_id_cannot_pack_documents(tmp_path, fault_log):
+    from test_data import _save_word_tokenizer, _write_corpus
+    from trainwise.common.errors import InputError
+    from trainwise.engine.data import build_data
+    from trainwise.engine.run_config import RunConfig
+
+    corpus = _write_corpus(tmp_path, "txt")
+    tokenizer = _save_word_tokenizer(tmp_path / "tok", corpus, json_only=True)  # no eos, no sep
+    plan = Plan(device="cpu", seq_len=16, packing="documents")
+    with pytest.raises(InputError) as caught:
+        build_data(RunConfig(data=str(corpus), tokenizer=str(tokenizer)), resolve_model("tiny-llama"), plan)
+    assert caught.value.field == "--packing" and "eos" in str(caught.value)
+    fault_log(kind="bad input", case="train --packing documents with a tokenizer that has no eos or sep id",
+              exit_code=2, message=str(caught.value).replace(str(tmp_path), "DIR"))
+
