@@ -217,3 +217,13 @@ def test_a_tokenizer_without_an_end_of_document_id_cannot_pack_documents(tmp_pat
     fault_log(kind="bad input", case="train --packing documents with a tokenizer that has no eos or sep id",
               exit_code=2, message=str(caught.value).replace(str(tmp_path), "DIR"))
 
+
+
+@pytest.mark.parametrize("batch_size,kernel", [(1, "flash"), (2, "sdpa")])
+def test_attention_auto_picks_a_kernel_that_keeps_documents_apart(batch_size, kernel):
+    from trainwise.api.compatibility import check_request
+    from trainwise.hardware import resolve_device
+
+    plan = Plan(device="H100", attention="auto", packing="documents", batch_size=batch_size)
+    resolved, notes = check_request(plan, resolve_device("H100"), resolve_model("tiny-llama"), here=False)
+    assert resolved.attention == kernel and f"picked {kernel}" in notes[0]

@@ -13,7 +13,7 @@ from trainwise.hardware import Device
 from trainwise.hardware.installation import check_installation
 from trainwise.models import ModelSpec
 from trainwise.models.attention import check_flash, pick_attention
-from trainwise.models.documents import check_packing
+from trainwise.models.documents import check_packing, packable_auto_pick
 from trainwise.plan.combinations import check_combinations
 from trainwise.common.errors import InputError, NotSupportedYet
 from trainwise.plan.layout import Layout
@@ -43,7 +43,7 @@ def check_request_and_layout(plan: Plan, device: Device, spec: ModelSpec | None 
     if plan.attention != "auto":
         check_flash(plan, device, spec, here)
     else:
-        choice, note = pick_attention(device, spec, here)
+        choice, note = packable_auto_pick(plan, *pick_attention(device, spec, here))
         plan, notes = plan.replace(attention=choice), [note]
     check_packing(plan, spec)  # after auto is resolved: flash packs documents only one row at a time
     return plan, notes, layout

@@ -64,6 +64,15 @@ def attend_within_documents(model: torch.nn.Module) -> None:
             part.use_cache = False
 
 
+def packable_auto_pick(plan, choice: str, note: str) -> tuple[str, str]:
+    """`--attention auto`'s (choice, note), moved from flash to sdpa when the plan packs
+    documents in rows of more than one (flash keeps documents apart only one row at a time)."""
+    if choice != "flash" or getattr(plan, "packing", "stream") != "documents" or plan.batch_size == 1:
+        return choice, note
+    return "sdpa", note.replace("picked flash", "picked sdpa") + "; not flash: --packing documents with " \
+                                                                  "--batch-size above 1"
+
+
 def check_packing(plan, spec=None) -> None:
     """InputError naming --packing when `plan` packs documents and the model, the
     attention kernel or the layout would let attention cross them."""
