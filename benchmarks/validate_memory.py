@@ -114,6 +114,10 @@ MATRIX: tuple[Config, ...] = (
     _llama("llama-1b b4 bf16 ckpt liger", batch_size=4, grad_ckpt=True, kernels="liger"),
     _llama("llama-1b b4 bf16 float8", batch_size=4, float8=True),
     _llama("llama-1b b4 bf16-pure ckpt float8", batch_size=4, precision="bf16-pure", grad_ckpt=True, float8=True),
+    _llama("llama-1b b4 bf16 packed documents", batch_size=4, packing="documents"),
+    Config("llama-1b b1 bf16 packed documents flash", "Llama-3.2-1B", "causal-lm",
+           {"seq_len": 2048, "precision": "bf16", "batch_size": 1, "packing": "documents", "attention": "flash"},
+           ("flash_attn",)),
 )
 
 QUICK = ("bert b4", "bert b1x4 ckpt fp16", "bert b4 adafactor", "llama-1b b1 bf16", "llama-1b b4 bf16 lora16 ckpt")
@@ -165,7 +169,8 @@ def run_config(config: Config, device: str = "cuda", steps: int = 2) -> dict:
     started = time.perf_counter()
     for _ in range(steps):
         for _ in range(plan.grad_accum):
-            batch = example_batch(spec, plan.batch_size, plan.seq_len, device=device, generator=generator)
+            batch = example_batch(spec, plan.batch_size, plan.seq_len, device=device, generator=generator,
+                                  documents=plan.packing == "documents")
             with _autocast(policy, device_type):
                 loss = compute_loss(model, batch) / plan.grad_accum
             (scaler.scale(loss) if scaler else loss).backward()

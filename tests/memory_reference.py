@@ -138,7 +138,8 @@ def _run_step(model, optimizer, plan: Plan, policy, spec: ModelSpec, generator, 
     activations = []
     for _ in range(plan.grad_accum):
         phases.enter("data")
-        batch = example_batch(spec, plan.batch_size, plan.seq_len, device="cpu", generator=generator)
+        batch = example_batch(spec, plan.batch_size, plan.seq_len, device="cpu", generator=generator,
+                              documents=plan.packing == "documents")
         phases.enter("forward")
         saved = _SavedStorages(exclude=_pointers([*model.parameters(), *model.buffers()]))
         with saved, _autocast(policy):

@@ -13,6 +13,7 @@ from trainwise.hardware import Device
 from trainwise.hardware.installation import check_installation
 from trainwise.models import ModelSpec
 from trainwise.models.attention import check_flash, pick_attention
+from trainwise.models.documents import check_packing, packable_auto_pick
 from trainwise.plan.combinations import check_combinations
 from trainwise.common.errors import InputError, NotSupportedYet
 from trainwise.plan.layout import Layout
@@ -47,9 +48,11 @@ def check_request_and_layout(plan: Plan, device: Device, spec: ModelSpec | None 
     notes = [CPU_OFFLOAD_NOTE] if plan.activation_offload and device.kind == "cpu" else []
     if plan.attention != "auto":
         check_flash(plan, device, spec, here)
-        return plan, notes, layout
-    choice, note = pick_attention(device, spec, here)
-    return plan.replace(attention=choice), [note, *notes], layout
+    else:
+        choice, note = packable_auto_pick(plan, *pick_attention(device, spec, here))
+        plan, notes = plan.replace(attention=choice), [note, *notes]
+    check_packing(plan, spec)  # after auto is resolved: flash packs documents only one row at a time
+    return plan, notes, layout
 
 
 def check_device_support(plan: Plan, device: Device) -> None:

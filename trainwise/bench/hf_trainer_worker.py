@@ -27,6 +27,7 @@ from trainwise.engine.metrics import MetricsLog, StepTimer
 from trainwise.engine.runtime import runtime_device, synchronize
 from trainwise.hardware import resolve_device
 from trainwise.models import build_model, example_batch, resolve_model
+from trainwise.models.documents import attend_within_documents
 from trainwise.models.attention import pick_attention
 from trainwise.plan import InputError, plan_from_sources
 from trainwise.common.errors import OutOfMemory
@@ -133,6 +134,8 @@ def run(args) -> None:
     check_float8(plan, resolve_device(_device_name(device)), here=True)
     torch.manual_seed(args.seed)
     model = apply_kernels(build_model(spec, "cpu", attention=plan.attention), plan, spec.task)
+    if plan.packing == "documents":
+        attend_within_documents(model)  # what a Trainer user packing documents must do too
     if plan.lora:
         model = apply_lora(model, plan, spec.task)
     if plan.float8:
@@ -141,7 +144,8 @@ def run(args) -> None:
         model = model.to(torch.bfloat16)
     if plan.activation_offload:  # the Trainer has no such switch: the same hooks, installed the same way
         enable_activation_offload(model, largest_module_list(model))
-    micro_batches = SyntheticMicroBatches(spec, plan.batch_size, plan.seq_len, args.seed, rank=0, world_size=1)
+    micro_batches = SyntheticMicroBatches(spec, plan.batch_size, plan.seq_len, args.seed, rank=0, world_size=1,
+                                          documents=plan.packing == "documents")
     data = _SameSamples(micro_batches, plan.batch_size, args.steps * plan.grad_accum)
     measure = _Measure(device, plan, args, *_flops_and_peak(spec, plan, device))
     with tempfile.TemporaryDirectory() as scratch:
@@ -159,7 +163,8 @@ def _flops_and_peak(spec, plan, device) -> tuple[int | None, float | None]:
     if peak is None:
         return None, None
     meta = build_model(spec, "meta", attention=plan.attention)
-    count = count_training_flops(meta, lambda: example_batch(spec, plan.batch_size, plan.seq_len, device="cpu"),
+    count = count_training_flops(meta, lambda: example_batch(spec, plan.batch_size, plan.seq_len, device="cpu",
+                                                               documents=plan.packing == "documents"),
                                  plan, spec.task)
     return count.total * plan.grad_accum, peak
 

@@ -33,6 +33,8 @@ DEFAULT = (
     ("+ liger kernels", {**COMBINED, "precision": "bf16", "kernels": "liger"}),
     ("+ float8 compiled", {**COMBINED, "precision": "bf16", "compile": True, "float8": True}),
     ("lora r16", {"batch_size": 4, "lora_rank": 16}),
+    # synthetic rows cut into random documents: the cost of the document mask (causal LMs only)
+    ("packed documents", {"batch_size": 4, "packing": "documents"}),
 )
 
 # Each runnable rung costs two fresh processes (trainwise and the Trainer), ~10 s each on

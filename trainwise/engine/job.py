@@ -229,7 +229,8 @@ def _flops_and_peak(spec: ModelSpec | None, plan: Plan, device: torch.device, no
         notes.append("MFU not shown: FLOPs are counted for catalog and directory models only")
         return None, label
     meta = build_model_with_notes(spec, "meta", attention=plan.attention).model
-    batch_fn = lambda: example_batch(spec, plan.batch_size, plan.seq_len, device="cpu")  # noqa: E731
+    documents = plan.packing == "documents"  # rows of packed documents carry position_ids, no mask
+    batch_fn = lambda: example_batch(spec, plan.batch_size, plan.seq_len, "cpu", documents=documents)  # noqa: E731
     count = count_training_flops(meta, batch_fn, plan, spec.task)
     # One rank's share: tensor- and pipeline-parallel peers split a replica's work.
     return count.total * plan.grad_accum // (plan.tp * plan.pp), label

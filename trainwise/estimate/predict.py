@@ -97,7 +97,8 @@ def _trace(spec: ModelSpec, plan: Plan, device: Device,
                                    batch_size=plan.batch_size, seq_len=plan.seq_len)
     if reshape is not None:
         reshape(built.model)
-    batch_fn = lambda: example_batch(spec, plan.batch_size, plan.seq_len, device="cpu")  # noqa: E731
+    documents = plan.packing == "documents"  # rows of packed documents carry position_ids, no mask
+    batch_fn = lambda: example_batch(spec, plan.batch_size, plan.seq_len, "cpu", documents=documents)  # noqa: E731
     trace = trace_training_step(built.model, batch_fn, plan, device.kind, task=spec.task)
     return trace, memory_from_trace(trace, device), tuple(built.notes)
 

@@ -6,6 +6,7 @@ import inspect
 
 import torch
 
+from trainwise.models.documents import as_documents, random_document_starts
 from trainwise.models.function_models import call_model_function
 from trainwise.models.positions import check_seq_len
 from trainwise.models.spec import ModelSpec
@@ -21,6 +22,7 @@ def example_batch(
     seq_len: int,
     device: str | torch.device = "cpu",
     generator: torch.Generator | None = None,
+    documents: bool = False,
 ) -> dict[str, torch.Tensor] | torch.Tensor:
     """A random micro-batch of `batch_size` sequences of `seq_len` tokens for `spec`.
 
@@ -29,6 +31,8 @@ def example_batch(
     id per sequence (seq-cls), `seq_len` decoder target ids (seq2seq) or ids at about
     15% of positions and -100 elsewhere (masked-lm). Random draws use `generator` (a CPU
     generator) and are then moved to `device`. Model functions return their own batch.
+    `documents` (causal-lm, `--packing documents`): each row is cut into random-length
+    documents, with position_ids restarting at each and no attention_mask (documents.py).
     """
     if spec.source == "function":
         return call_model_function(spec.function, batch_size, seq_len, device)[1]
@@ -39,6 +43,10 @@ def example_batch(
     if _takes_attention_mask(spec):
         batch["attention_mask"] = torch.ones(shape, dtype=torch.long)
     batch["labels"] = _labels(spec, input_ids, generator)
+    if documents:
+        if spec.task != "causal-lm":
+            raise ValueError(f"packed documents are causal-lm rows, not {spec.task!r}")
+        batch = as_documents(input_ids, batch["labels"], random_document_starts(shape, generator))
     return {key: tensor.to(device) for key, tensor in batch.items()}
 
 

@@ -17,6 +17,7 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 LR_SCHEDULES = ("cosine", "linear", "constant")
 CLASSIC_LAYOUTS = ("none", "data-parallel", "vertical")
 KERNELS = ("none", "liger")
+PACKINGS = ("stream", "documents")
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,9 @@ class Plan:
     batch_size: int = knob(4, "micro-batch size per device (samples)", minimum=1)
     grad_accum: int = knob(1, "micro-batches accumulated per optimizer step", minimum=1)
     seq_len: int = knob(512, "tokens per sample", minimum=1)
+    packing: str = knob("stream", "how text fills a row: stream (documents joined by the end-of-document id; "
+                                  "attention crosses them) or documents (position ids restart at each document, "
+                                  "attention and the loss stay inside it)", choices=PACKINGS)
     # --- numerics and optimizer
     precision: str = knob("fp32", "numeric precision of the step", choices=PRECISIONS)
     optim: str = knob("adamw", "optimizer", choices=OPTIMIZERS)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from trainwise.models.documents import attend_within_documents
 from trainwise.plan.plan import Plan
 from trainwise.step.activation_offload import enable_activation_offload
 from trainwise.step.checkpointing import enable_checkpointing, largest_module_list
@@ -18,8 +19,9 @@ from trainwise.step.precision import PrecisionPolicy
 
 
 def prepare_model(model: nn.Module, plan: Plan, policy: PrecisionPolicy, task: str | None = None) -> nn.Module:
-    """Apply, in order: MoE router loss -> fused kernels -> LoRA adapters -> float8 linear
-    layers -> gradient checkpointing -> activation offload -> weight dtype -> train mode.
+    """Apply, in order: MoE router loss -> KV cache off (--packing documents) -> fused
+    kernels -> LoRA adapters -> float8 linear layers -> gradient checkpointing ->
+    activation offload -> weight dtype -> train mode.
 
     Kernels first so Liger finds the family's own modules; LoRA before checkpointing so
     checkpointing wraps the adapted blocks; float8 before checkpointing and the dtype cast
@@ -27,6 +29,8 @@ def prepare_model(model: nn.Module, plan: Plan, policy: PrecisionPolicy, task: s
     so its hooks sit outside the checkpoint (what moves is then the block input the
     checkpoint keeps); the dtype cast last so adapters are cast too under bf16-pure."""
     enable_router_aux_loss(model)
+    if plan.packing == "documents":
+        attend_within_documents(model)  # else a KV cache hides the documents from the mask
     model = apply_kernels(model, plan, task)
     if plan.lora:
         model = apply_lora(model, plan, task)

@@ -22,7 +22,7 @@ from trainwise.trace.module_scope import ModuleScope
 from trainwise.trace.moe_kernels import traceable_experts
 from trainwise.trace.op_costs import OpCostRecorder, OpCosts
 from trainwise.trace.recorder import AllocationRecorder, StorageRecord
-from trainwise.trace.untraced_transformers import fake_tensors_are_not_tracing
+from trainwise.trace.untraced_transformers import documents_in_every_row, fake_tensors_are_not_tracing
 
 CATEGORIES = ("weights", "buffers", "gradients", "optimizer", "activations", "temporary")
 
@@ -75,6 +75,7 @@ def trace_training_step(model: nn.Module, batch_fn, plan: Plan, target_device_ty
     recorder.output_fixes.update(layer_norm_fixes(target_device_type, low_precision))
     offloaded_activations(model, recorder, target_device_type)
     with traceable_experts(), fake_tensors_are_not_tracing(), cuda_kernel_choices(target_device_type), \
+            documents_in_every_row(plan.packing == "documents"), \
             FakeTensorMode(allow_non_fake_inputs=False), scope, blocks, recorder:
         materialize_fake(model, "cpu")
         for tensor in [*model.parameters(), *model.buffers()]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
+
 
 @contextlib.contextmanager
 def fake_tensors_are_not_tracing():
@@ -32,3 +34,29 @@ def fake_tensors_are_not_tracing():
         yield
     finally:
         import_utils.is_fake_tensor = original
+
+
+@contextlib.contextmanager
+def documents_in_every_row(active: bool):
+    """With `--packing documents` (`active`) a real batch's rows hold several documents,
+    so transformers' question "is each row one sequence?" (find_packed_sequence_indices)
+    is answered no, and the trace builds the document mask the real step builds. (A real
+    batch whose every row is one document skips that mask: the estimate is then high by
+    it.) Answered here because the recorder answers every "all ...?" yes."""
+    if not active:
+        yield
+        return
+    from transformers import masking_utils
+
+    original = masking_utils.find_packed_sequence_indices
+
+    def document_index(position_ids):
+        # Each position that does not continue its left neighbour by one opens a document.
+        before_first = position_ids[:, :1] - 1
+        return (torch.diff(position_ids, prepend=before_first, dim=-1) != 1).cumsum(-1)
+
+    masking_utils.find_packed_sequence_indices = document_index
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original

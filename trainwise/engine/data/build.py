@@ -36,14 +36,18 @@ def build_data(run: RunConfig, spec: ModelSpec, plan: Plan, *, rank: int = 0, wo
 
 
 def _synthetic(run: RunConfig, spec: ModelSpec, plan: Plan, rank: int, world_size: int) -> TrainData:
-    dataset = SyntheticMicroBatches(spec, plan.batch_size, plan.seq_len, run.seed, rank, world_size)
+    documents = plan.packing == "documents"
+    dataset = SyntheticMicroBatches(spec, plan.batch_size, plan.seq_len, run.seed, rank, world_size, documents)
 
     def evaluation(n: int) -> list:
         return [dataset.batch(mixed_seed(run.seed, EVAL_STREAM, i)) for i in range(n)]
 
     vocab = f", ids below {spec.vocab_size:,}" if spec.vocab_size else ""
     return TrainData(dataset, evaluation, description=f"synthetic random tokens for {spec.task}{vocab}: "
-                                                      f"{plan.batch_size} x {plan.seq_len} tokens per micro-batch",
+                                                      f"{plan.batch_size} x {plan.seq_len} tokens per micro-batch"
+                                                      + ("; rows cut into random-length documents, attention "
+                                                         "masked across them (--packing documents)"
+                                                         if documents else ""),
                      tokens_per_micro_batch=plan.batch_size * plan.seq_len, micro_batches_per_epoch=None,
                      workers=plan.workers, pin_memory=plan.pin_memory, seed=run.seed)
 
@@ -57,6 +61,7 @@ def _text(run: RunConfig, spec: ModelSpec, plan: Plan, rank: int, world_size: in
     tokenizer = LocalTokenizer(run.tokenizer) if run.tokenizer else ByteTokenizer()
     vocab_field = "--tokenizer" if run.tokenizer else "--data"
     _check_vocab(tokenizer.vocab_needed, f"{tokenizer.name} use", spec, vocab_field)
+    document_end = _document_end(plan, tokenizer)
     if run.data == "builtin":
         documents, origin = builtin_documents(), f"builtin corpus ({SOURCE_NAME})"
     else:
@@ -72,12 +77,27 @@ def _text(run: RunConfig, spec: ModelSpec, plan: Plan, rank: int, world_size: in
     with_mask = "attention_mask" in example_batch(spec, 1, 1)
     order = MicroBatchOrder(len(packed.train), plan.batch_size, run.seed, rank, world_size)
     text_bytes = sum(len(d.encode("utf-8")) for d in documents)
-    return TrainData(PackedMicroBatches(packed.train, order, with_mask),
-                     lambda n: held_out_batches(packed.held_out, plan.batch_size, n, with_mask),
-                     description=_describe(origin, tokenizer.name, text_bytes, len(stream), packed, plan.seq_len),
+    return TrainData(PackedMicroBatches(packed.train, order, with_mask, document_end),
+                     lambda n: held_out_batches(packed.held_out, plan.batch_size, n, with_mask, document_end),
+                     description=_describe(origin, tokenizer.name, text_bytes, len(stream), packed, plan.seq_len)
+                     + _PACKING_NOTES[plan.packing],
                      tokens_per_micro_batch=plan.batch_size * int(packed.train.lengths.max()),
                      micro_batches_per_epoch=order.per_epoch, workers=plan.workers, pin_memory=plan.pin_memory,
                      seed=run.seed)
+
+
+_PACKING_NOTES = {"stream": "; documents joined by the end-of-document id, attention crosses them (--packing stream)",
+                  "documents": "; attention and the loss stay inside each document (--packing documents)"}
+
+
+def _document_end(plan: Plan, tokenizer) -> int | None:
+    """The id that ends each document when the plan packs documents, else None."""
+    if plan.packing != "documents":
+        return None
+    if tokenizer.eos_id is None:
+        raise InputError("--packing", f"documents needs a tokenizer with an end-of-document (eos or sep) id; "
+                                      f"{tokenizer.name} has neither: use --packing stream")
+    return tokenizer.eos_id
 
 
 def _check_vocab(ids_needed: int, what: str, spec: ModelSpec, field: str) -> None:

@@ -5,7 +5,13 @@ Documents arrive already joined by the end-of-document id, so cutting the stream
 stream's partial tail are kept for evaluation and never trained on. Padding happens
 only where it cannot be avoided (a corpus shorter than one row, the evaluation tail):
 padded positions get attention_mask 0 and label -100, and a batch of short rows is
-trimmed to a multiple of 8 tokens rather than to `seq_len`."""
+trimmed to a multiple of 8 tokens rather than to `seq_len`.
+
+With `--packing documents` the rows are cut the same way, but each batch carries position
+ids restarting after every end-of-document id (and at each row start: a document split
+across rows restarts at 0 in the next row, as the piece cannot see its beginning anyway)
+and no attention_mask, so attention stays inside each document (models/documents.py). A
+padded tail counts as one more document, with labels -100."""
 
 from __future__ import annotations
 
@@ -13,6 +19,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+from trainwise.models.documents import as_documents
 
 PAD_MULTIPLE = 8  # padded widths round up to this (tensor-core friendly shapes)
 IGNORE_INDEX = -100  # label the transformers losses skip
@@ -73,17 +81,29 @@ def _padded(rows: list[torch.Tensor], width: int, pad_id: int) -> Rows:
     return Rows(ids, torch.tensor([len(row) for row in rows], dtype=torch.long))
 
 
-def causal_lm_batch(ids: torch.Tensor, lengths: torch.Tensor, with_mask: bool) -> dict[str, torch.Tensor]:
+def causal_lm_batch(ids: torch.Tensor, lengths: torch.Tensor, with_mask: bool,
+                    document_end: int | None = None) -> dict[str, torch.Tensor]:
     """A causal-LM micro-batch from padded rows: labels are the inputs (the model shifts
-    them itself), with padding masked out. Full rows come back exactly `seq_len` wide."""
+    them itself), with padding masked out. Full rows come back exactly `seq_len` wide.
+    `document_end`: the end-of-document id, to pack documents (--packing documents)."""
     width = _batch_width(int(lengths.max()), ids.shape[1])
     ids = ids[:, :width].clone()  # never a view of the corpus the caller might change
     real = torch.arange(width) < lengths[:, None]
+    if document_end is not None:
+        return as_documents(ids, ids.masked_fill(~real, IGNORE_INDEX), _document_starts(ids, lengths, document_end))
     batch = {"input_ids": ids}
     if with_mask:
         batch["attention_mask"] = real.long()
     batch["labels"] = ids.masked_fill(~real, IGNORE_INDEX)
     return batch
+
+
+def _document_starts(ids: torch.Tensor, lengths: torch.Tensor, document_end: int) -> torch.Tensor:
+    """True at each token that follows an end-of-document id, and at the first padding."""
+    starts = torch.zeros_like(ids, dtype=torch.bool)
+    starts[:, 1:] = ids[:, :-1] == document_end
+    starts |= torch.arange(ids.shape[1]) == lengths[:, None]
+    return starts
 
 
 def _batch_width(longest: int, seq_len: int) -> int:
@@ -92,8 +112,10 @@ def _batch_width(longest: int, seq_len: int) -> int:
     return min(seq_len, math.ceil(longest / PAD_MULTIPLE) * PAD_MULTIPLE)
 
 
-def held_out_batches(rows: Rows, batch_size: int, count: int, with_mask: bool) -> list[dict[str, torch.Tensor]]:
+def held_out_batches(rows: Rows, batch_size: int, count: int, with_mask: bool,
+                     document_end: int | None = None) -> list[dict[str, torch.Tensor]]:
     """Up to `count` micro-batches of `batch_size` held-out rows, in corpus order (the
-    last one may hold fewer rows)."""
+    last one may hold fewer rows); `document_end` as in causal_lm_batch."""
     starts = range(0, len(rows), batch_size)[:count]
-    return [causal_lm_batch(rows.ids[s:s + batch_size], rows.lengths[s:s + batch_size], with_mask) for s in starts]
+    return [causal_lm_batch(rows.ids[s:s + batch_size], rows.lengths[s:s + batch_size], with_mask, document_end)
+            for s in starts]

@@ -21,28 +21,30 @@ PREFETCH_PER_WORKER = 2  # micro-batches each worker keeps ready
 class PackedMicroBatches(Dataset):
     """Micro-batch number -> a causal-LM batch of packed training rows."""
 
-    def __init__(self, rows: Rows, order: MicroBatchOrder, with_mask: bool):
-        self.rows, self.order, self.with_mask = rows, order, with_mask
+    def __init__(self, rows: Rows, order: MicroBatchOrder, with_mask: bool, document_end: int | None = None):
+        self.rows, self.order, self.with_mask, self.document_end = rows, order, with_mask, document_end
 
     def __getitem__(self, number: int) -> dict[str, torch.Tensor]:
         chosen = self.order.rows(number)
-        return causal_lm_batch(self.rows.ids[chosen], self.rows.lengths[chosen], self.with_mask)
+        return causal_lm_batch(self.rows.ids[chosen], self.rows.lengths[chosen], self.with_mask, self.document_end)
 
 
 class SyntheticMicroBatches(Dataset):
     """Micro-batch number -> random tokens from a generator seeded by (seed, number), for
-    any task. Rank r of w draws the numbers r, r + w, r + 2w, ... of one shared sequence."""
+    any task. Rank r of w draws the numbers r, r + w, r + 2w, ... of one shared sequence.
+    `documents`: rows cut into random-length packed documents (--packing documents)."""
 
-    def __init__(self, spec: ModelSpec, batch_size: int, seq_len: int, seed: int, rank: int, world_size: int):
+    def __init__(self, spec: ModelSpec, batch_size: int, seq_len: int, seed: int, rank: int, world_size: int,
+                 documents: bool = False):
         self.spec, self.batch_size, self.seq_len, self.seed = spec, batch_size, seq_len, seed
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.documents = rank, world_size, documents
 
     def __getitem__(self, number: int) -> dict[str, torch.Tensor]:
         return self.batch(mixed_seed(self.seed, TRAIN_STREAM, number * self.world_size + self.rank))
 
     def batch(self, generator_seed: int) -> dict[str, torch.Tensor]:
         generator = torch.Generator().manual_seed(generator_seed)
-        return example_batch(self.spec, self.batch_size, self.seq_len, generator=generator)
+        return example_batch(self.spec, self.batch_size, self.seq_len, generator=generator, documents=self.documents)
 
 
 class TrainData:

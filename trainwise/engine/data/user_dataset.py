@@ -37,6 +37,10 @@ def is_hf_dataset(data) -> bool:
 def user_dataset_data(dataset, spec: ModelSpec | None, plan, run, rank: int, world_size: int) -> TrainData:
     """TrainData over `dataset`; InputError naming `data` for what cannot be trained on."""
     columns = set(dataset.column_names)
+    if plan.packing == "documents":
+        raise InputError("--packing", "documents packs a token stream; these rows (a Dataset, or --chat "
+                                      "conversations) train one per row, padded, so attention never crosses them: "
+                                      "drop --packing documents")
     if "input_ids" not in columns:
         raise InputError("data", f"the Dataset has no input_ids column (columns: {', '.join(sorted(columns))}); "
                                  "tokenize it first, as for the Trainer")
