@@ -17,6 +17,7 @@ from trainwise.plan.combinations import check_combinations
 from trainwise.common.errors import InputError, NotSupportedYet
 from trainwise.plan.layout import Layout
 from trainwise.plan.plan import Plan
+from trainwise.step.fused_loss_model import check_fused_loss_layout, check_fused_loss_model
 
 
 def check_request(plan: Plan, device: Device, spec: ModelSpec | None = None, *,
@@ -36,6 +37,10 @@ def check_request_and_layout(plan: Plan, device: Device, spec: ModelSpec | None 
     the checks and kept for the run."""
     layout = check_combinations(plan, world_size)
     check_device_support(plan, device)
+    if plan.loss == "fused":
+        check_fused_loss_layout(layout, plan.classic)
+        if spec is not None:
+            check_fused_loss_model(spec.task, spec.config)
     if here:
         check_installation(plan, device.kind)
     if plan.attention != "auto":

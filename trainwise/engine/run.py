@@ -33,6 +33,7 @@ from trainwise.engine.setup import TrainingSetup
 from trainwise.engine.train_step import StepOutcome, training_step
 from trainwise.common.errors import InputError, WriteFailed, first_line
 from trainwise.plan.plan import Plan
+from trainwise.step.fused_loss_model import loss_implementation
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,8 @@ def _run(setup: TrainingSetup, data, plan: Plan, run: RunConfig, flops_per_step:
     final_loss = outcome.loss if outcome else state.extra.get("last_loss")
     summary = _summary(timer.summary(total_time), probe.snapshot(), final_loss, state, started, eval_loss,
                        stop_signal)
+    if plan.loss == "fused":  # which fused implementation ran (liger, cut-cross-entropy or chunked PyTorch)
+        summary["loss_implementation"] = loss_implementation(setup.model)
     log.summary(summary)
     if stop_signal:
         raise Preempted(stop_signal, state.step, run.steps, checkpoint if run.output else None)

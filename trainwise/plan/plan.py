@@ -13,6 +13,7 @@ PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "bf16-pure")
 OPTIMIZERS = ("adamw", "adamw-fused", "adafactor", "adamw-8bit", "sgd")
 ATTENTIONS = ("eager", "sdpa", "flash", "auto")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+LOSSES = ("default", "fused")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 LR_SCHEDULES = ("cosine", "linear", "constant")
 CLASSIC_LAYOUTS = ("none", "data-parallel", "vertical")
@@ -38,6 +39,9 @@ class Plan:
     grad_ckpt: bool = knob(False, "gradient (activation) checkpointing per transformer block")
     attention: str = knob("sdpa", "attention kernel; auto picks flash where it runs, else sdpa, else eager, "
                                           "and says which", choices=ATTENTIONS)
+    loss: str = knob("default", "causal-lm loss: default (the model's own) or fused (the LM head and cross-entropy "
+                                "in chunks of tokens, never holding the full tokens x vocabulary logits)",
+                     choices=LOSSES)
     compile: bool = knob(False, "torch.compile the model")
     compile_mode: str = knob("default", "torch.compile mode", choices=COMPILE_MODES)
     lora_rank: int = knob(0, "LoRA rank (0 trains all weights)", minimum=0)

@@ -9,20 +9,23 @@ from torch import nn
 
 from trainwise.plan.plan import Plan
 from trainwise.step.checkpointing import enable_checkpointing
+from trainwise.step.fused_loss_model import apply_fused_loss
 from trainwise.step.lora import apply_lora
 from trainwise.step.moe import enable_router_aux_loss
 from trainwise.step.precision import PrecisionPolicy
 
 
 def prepare_model(model: nn.Module, plan: Plan, policy: PrecisionPolicy, task: str | None = None) -> nn.Module:
-    """Apply, in order: MoE router loss -> LoRA adapters -> gradient checkpointing ->
-    weight dtype -> train mode.
+    """Apply, in order: MoE router loss -> LoRA adapters -> fused loss -> gradient
+    checkpointing -> weight dtype -> train mode.
 
     LoRA first so checkpointing wraps the adapted blocks; the dtype cast last so adapters
     are cast too under bf16-pure."""
     enable_router_aux_loss(model)
     if plan.lora:
         model = apply_lora(model, plan, task)
+    if plan.loss == "fused":
+        model = apply_fused_loss(model, task)
     if plan.grad_ckpt:
         model = enable_checkpointing(model)
     if policy.param_dtype != torch.float32:
