@@ -7,8 +7,9 @@ Only those gradients are kept for backward (tokens x hidden, vocabulary x hidden
 scales them by the incoming gradient. The largest temporary is one chunk's logits, which
 the chunk size keeps about as large as the hidden states.
 
-Numerics follow what a Hugging Face causal LM does without fusion: the head's matmul runs
-in the autocast dtype when autocast is on (else in the hidden states' dtype), the logits
+Numerics follow what a Hugging Face causal LM does without fusion: the head's matmuls run
+under the caller's autocast (so in its dtype, the weight cast once through autocast's
+cache, as the unfused head is) or else in the tensors' own dtype, the logits
 are upcast to float32 for the softmax, targets equal to `IGNORE_INDEX` count for nothing,
 and the loss is the sum over counted tokens divided by `divisor` (their number by default).
 The weight's gradient is accumulated over chunks in float32."""
@@ -41,7 +42,7 @@ def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bia
         divisor = (targets != IGNORE_INDEX).sum()
     compute_dtype = head_compute_dtype(hidden)
     if not torch.is_grad_enabled():
-        return _summed_loss(hidden, weight, bias, targets, compute_dtype) / divisor
+        return _summed_loss(hidden, weight, bias, targets) / divisor
     return _ChunkedLinearCrossEntropy.apply(hidden, weight, bias, targets, divisor, compute_dtype)
 
 
@@ -51,10 +52,6 @@ def head_compute_dtype(hidden: torch.Tensor) -> torch.dtype:
     if torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return hidden.dtype
-
-
-def _cast_head(weight, bias, dtype):
-    return weight.to(dtype), (bias.to(dtype) if bias is not None else None)
 
 
 def _chunk_logits(hidden_chunk, weight, bias) -> torch.Tensor:
@@ -70,15 +67,13 @@ def _chunk_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tens
     return ((log_norm - picked) * counted).sum(), log_norm, counted
 
 
-def _summed_loss(hidden, weight, bias, targets, dtype) -> torch.Tensor:
+def _summed_loss(hidden, weight, bias, targets) -> torch.Tensor:
     """The summed loss alone, chunked (evaluation: nothing is kept for backward)."""
     rows = chunk_rows(hidden.shape[0], hidden.shape[1], weight.shape[0])
-    with torch.autocast(hidden.device.type, enabled=False):
-        head_weight, head_bias = _cast_head(weight, bias, dtype)
-        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        for start in range(0, hidden.shape[0], rows):
-            logits = _chunk_logits(hidden[start:start + rows].to(dtype), head_weight, head_bias)
-            total = total + _chunk_loss(logits, targets[start:start + rows])[0]
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    for start in range(0, hidden.shape[0], rows):
+        logits = _chunk_logits(hidden[start:start + rows], weight, bias)
+        total = total + _chunk_loss(logits, targets[start:start + rows])[0]
     return total
 
 
@@ -90,30 +85,29 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         needs_hidden, needs_weight = hidden.requires_grad, weight.requires_grad
         needs_bias = bias is not None and bias.requires_grad
         rows = chunk_rows(hidden.shape[0], hidden.shape[1], weight.shape[0])
-        with torch.autocast(hidden.device.type, enabled=False):
-            head_weight, head_bias = _cast_head(weight, bias, dtype)
-            grad_hidden = torch.empty_like(hidden) if needs_hidden else None
-            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if needs_weight else None
-            grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if needs_bias else None
-            total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-            for start in range(0, hidden.shape[0], rows):
-                chunk = hidden[start:start + rows].to(dtype)
-                logits = _chunk_logits(chunk, head_weight, head_bias)
-                chunk_targets = targets[start:start + rows]
-                loss, log_norm, counted = _chunk_loss(logits, chunk_targets)
-                total = total + loss
-                # d(loss)/d(logits) = softmax - one_hot(target), zero on ignored rows, / divisor
-                grad_logits = logits.sub_(log_norm.unsqueeze(1)).exp_()
-                grad_logits.scatter_add_(1, chunk_targets.clamp(min=0).unsqueeze(1),
-                                         torch.full_like(log_norm, -1.0).unsqueeze(1))
-                grad_logits.mul_((counted / divisor).unsqueeze(1))
-                if needs_hidden:
-                    grad_hidden[start:start + rows] = grad_logits.to(dtype) @ head_weight
-                if needs_weight:
-                    grad_weight.addmm_(grad_logits.t(), chunk.float())
-                if needs_bias:
-                    grad_bias.add_(grad_logits.sum(0))
-                del logits, grad_logits
+        grad_hidden = torch.empty_like(hidden) if needs_hidden else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if needs_weight else None
+        grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if needs_bias else None
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for start in range(0, hidden.shape[0], rows):
+            chunk, chunk_targets = hidden[start:start + rows], targets[start:start + rows]
+            # Under autocast the matmuls cast as the unfused head's would (the weight's
+            # half copy comes from autocast's cache, made once per forward).
+            logits = _chunk_logits(chunk, weight, bias)
+            loss, log_norm, counted = _chunk_loss(logits, chunk_targets)
+            total = total + loss
+            # d(loss)/d(logits) = softmax - one_hot(target), zero on ignored rows, / divisor
+            grad_logits = logits.sub_(log_norm.unsqueeze(1)).exp_()
+            grad_logits.scatter_add_(1, chunk_targets.clamp(min=0).unsqueeze(1),
+                                     torch.full_like(log_norm, -1.0).unsqueeze(1))
+            grad_logits.mul_((counted / divisor).unsqueeze(1))
+            if needs_hidden:
+                grad_hidden[start:start + rows] = torch.matmul(grad_logits.to(dtype), weight)
+            if needs_weight:  # accumulated in float32 over the chunks
+                grad_weight.addmm_(grad_logits.t(), chunk.to(dtype).float())
+            if needs_bias:
+                grad_bias.add_(grad_logits.sum(0))
+            del logits, grad_logits
         ctx.save_for_backward(grad_hidden, _to(grad_weight, weight.dtype), _to(grad_bias, None if bias is None else bias.dtype))
         return total / divisor
 
