@@ -97,6 +97,7 @@ MATRIX: tuple[Config, ...] = (
     _llama("llama-1b b2 bf16-pure", batch_size=2, precision="bf16-pure"),
     _llama("llama-1b b4 bf16-pure ckpt", batch_size=4, precision="bf16-pure", grad_ckpt=True),
     _llama("llama-1b b2 bf16 adamw-fused", batch_size=2, optim="adamw-fused"),
+    _llama("llama-1b b4 bf16 ckpt fused-loss", batch_size=4, grad_ckpt=True, loss="fused"),
 )
 
 QUICK = ("bert b4", "bert b1x4 ckpt fp16", "bert b4 adafactor", "llama-1b b1 bf16", "llama-1b b4 bf16 lora16 ckpt")

@@ -1,7 +1,7 @@
 """Ladders: named lists of plans, each a rung that changes a few knobs from a base.
 
 `default` is the classic single-GPU ladder (vanilla, accumulation, checkpointing, fp16,
-optimizers, combinations, compile, LoRA); `quick` is a CPU-sized subset that still shows
+optimizers, combinations, compile, LoRA, fused loss); `quick` is a CPU-sized subset that still shows
 rows this device must skip. Users pass their own as YAML: a list of {name, plan}."""
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ DEFAULT = (
     ("bf16 combined", {**COMBINED, "precision": "bf16"}),
     ("+ torch.compile", {**COMBINED, "precision": "bf16", "compile": True}),
     ("lora r16", {"batch_size": 4, "lora_rank": 16}),
+    ("fused loss", {"batch_size": 4, "loss": "fused"}),
 )
 
 # Each runnable rung costs two fresh processes (trainwise and the Trainer), ~10 s each on
-# a small CPU mostly in imports: five runnable rungs keep the ladder under 3 minutes on
+# a small CPU mostly in imports: six runnable rungs keep the ladder near 3 minutes on
 # 2 cores. fp16 and 8-bit Adam stay in to show how a CPU skips them.
 QUICK = (
     ("vanilla", {"batch_size": 4}),
@@ -42,6 +43,7 @@ QUICK = (
     ("adafactor", {"batch_size": 4, "optim": "adafactor"}),
     ("8-bit adam", {"batch_size": 4, "optim": "adamw-8bit"}),
     ("lora r8", {"batch_size": 4, "lora_rank": 8}),
+    ("fused loss", {"batch_size": 4, "loss": "fused"}),
 )
 
 LADDERS = {"default": DEFAULT, "quick": QUICK}
