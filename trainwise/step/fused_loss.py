@@ -59,12 +59,12 @@ def _chunk_logits(hidden_chunk, weight, bias) -> torch.Tensor:
 
 
 def _chunk_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(summed loss of the chunk, log-sum-exp per row, counted-row mask)."""
+    """(summed loss of the chunk, its log-probabilities, counted-row mask). One fused
+    log-softmax pass over the float32 logits, as the unfused loss makes."""
     counted = targets != IGNORE_INDEX
-    safe_targets = targets.clamp(min=0).unsqueeze(1)
-    log_norm = torch.logsumexp(logits, dim=-1)
-    picked = logits.gather(1, safe_targets).squeeze(1)
-    return ((log_norm - picked) * counted).sum(), log_norm, counted
+    log_probs = torch.log_softmax(logits, dim=-1)
+    picked = log_probs.gather(1, targets.clamp(min=0).unsqueeze(1)).squeeze(1)
+    return -(picked * counted).sum(), log_probs, counted
 
 
 def _summed_loss(hidden, weight, bias, targets) -> torch.Tensor:
@@ -93,21 +93,23 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             chunk, chunk_targets = hidden[start:start + rows], targets[start:start + rows]
             # Under autocast the matmuls cast as the unfused head's would (the weight's
             # half copy comes from autocast's cache, made once per forward).
-            logits = _chunk_logits(chunk, weight, bias)
-            loss, log_norm, counted = _chunk_loss(logits, chunk_targets)
+            loss, log_probs, counted = _chunk_loss(_chunk_logits(chunk, weight, bias), chunk_targets)
             total = total + loss
-            # d(loss)/d(logits) = softmax - one_hot(target), zero on ignored rows, / divisor
-            grad_logits = logits.sub_(log_norm.unsqueeze(1)).exp_()
+            # d(loss)/d(logits) = (softmax - one_hot(target)) * row_scale, row_scale being
+            # 1 / divisor on counted rows and 0 on ignored ones. The scale is applied to the
+            # (rows x hidden) operands and results, not to the (rows x vocabulary) logits.
+            grad_logits = log_probs.exp_()
             grad_logits.scatter_add_(1, chunk_targets.clamp(min=0).unsqueeze(1),
-                                     torch.full_like(log_norm, -1.0).unsqueeze(1))
-            grad_logits.mul_((counted / divisor).unsqueeze(1))
+                                     grad_logits.new_full((len(chunk_targets), 1), -1.0))
+            row_scale = (counted / divisor).unsqueeze(1)
             if needs_hidden:
-                grad_hidden[start:start + rows] = torch.matmul(grad_logits.to(dtype), weight)
-            if needs_weight:  # accumulated in float32 over the chunks
-                grad_weight.addmm_(grad_logits.t(), chunk.to(dtype).float())
+                grad_hidden[start:start + rows] = torch.matmul(grad_logits.to(dtype), weight) * row_scale
+            if needs_weight:  # accumulated in float32 over the chunks, in place (out= is the
+                # plain addmm kernel, which the step-time model prices as a matmul)
+                torch.addmm(grad_weight, grad_logits.t(), chunk.to(dtype).float() * row_scale, out=grad_weight)
             if needs_bias:
-                grad_bias.add_(grad_logits.sum(0))
-            del logits, grad_logits
+                grad_bias.add_(row_scale.squeeze(1) @ grad_logits)
+            del log_probs, grad_logits
         ctx.save_for_backward(grad_hidden, _to(grad_weight, weight.dtype), _to(grad_bias, None if bias is None else bias.dtype))
         return total / divisor
 
