@@ -118,6 +118,7 @@ MATRIX: tuple[Config, ...] = (
     Config("llama-1b b1 bf16 packed documents flash", "Llama-3.2-1B", "causal-lm",
            {"seq_len": 2048, "precision": "bf16", "batch_size": 1, "packing": "documents", "attention": "flash"},
            ("flash_attn",)),
+    _llama("llama-1b b4 bf16 ckpt fused-loss", batch_size=4, grad_ckpt=True, loss="fused"),
 )
 
 QUICK = ("bert b4", "bert b1x4 ckpt fp16", "bert b4 adafactor", "llama-1b b1 bf16", "llama-1b b4 bf16 lora16 ckpt")

@@ -189,10 +189,11 @@ def test_bad_bench_arguments_are_exit_2(tmp_path, argv, message, capsys):
 
 
 def test_named_ladders_are_valid_plans_and_quick_shows_cpu_skips():
-    assert len(load_ladder("default", {"device": "cuda"})) == 16
+    assert len(load_ladder("default", {"device": "cuda"})) == 17
     quick = load_ladder("quick", CPU_BASE)
     assert {r.plan.precision for r in quick} >= {"fp32", "fp16"}
     assert "adamw-8bit" in {r.plan.optim for r in quick}
+    assert "fused" in {r.plan.loss for r in quick}
     assert benchmark._cannot_run_here(next(r.plan for r in quick if r.plan.precision == "fp16"))
     with pytest.raises(InputError):
         load_ladder("no-such-ladder", CPU_BASE)

@@ -135,11 +135,12 @@ def test_liger_needs_the_package_here_and_estimate_says_it_does_not_model_it(mon
     fault_log(kind="bad input", case="estimate --kernels liger", exit_code=2, message=message)
 
 
-def test_liger_patches_every_kernel_and_fuses_the_loss_only_under_a_language_model_head():
-    assert liger_arguments("llama", "causal-lm") == {"rope": True, "rms_norm": True, "swiglu": True,
-                                                     "cross_entropy": False, "fused_linear_cross_entropy": True}
+def test_liger_patches_every_kernel_and_fuses_the_loss_only_when_asked_under_a_language_model_head():
+    assert liger_arguments("llama", "causal-lm", "fused") == {"rope": True, "rms_norm": True, "swiglu": True,
+                                                              "cross_entropy": False, "fused_linear_cross_entropy": True}
+    assert liger_arguments("llama", "causal-lm")["fused_linear_cross_entropy"] is False  # --loss default
     assert liger_arguments("gemma2", "causal-lm")["geglu"] is True  # Gemma's gated MLP is GeGLU
-    assert liger_arguments("qwen2", "seq-cls")["fused_linear_cross_entropy"] is False
+    assert liger_arguments("qwen2", "seq-cls", "fused")["fused_linear_cross_entropy"] is False
     assert set(LIGER_FAMILIES) == {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text"}
 
 

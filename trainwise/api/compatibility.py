@@ -21,6 +21,7 @@ from trainwise.plan.plan import Plan
 from trainwise.step.activation_offload import CPU_OFFLOAD_NOTE, check_activation_offload
 from trainwise.step.float8 import check_float8
 from trainwise.step.kernels import check_kernels
+from trainwise.step.fused_loss_model import check_fused_loss_layout, check_fused_loss_model
 
 
 def check_request(plan: Plan, device: Device, spec: ModelSpec | None = None, *,
@@ -43,6 +44,10 @@ def check_request_and_layout(plan: Plan, device: Device, spec: ModelSpec | None 
     check_device_support(plan, device)
     check_kernels(plan, device, spec, here)
     check_float8(plan, device, here)
+    if plan.loss == "fused":
+        check_fused_loss_layout(layout, plan.classic)
+        if spec is not None:
+            check_fused_loss_model(spec.task, spec.config)
     if here:
         check_installation(plan, device.kind)
     notes = [CPU_OFFLOAD_NOTE] if plan.activation_offload and device.kind == "cpu" else []

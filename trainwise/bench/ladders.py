@@ -1,9 +1,9 @@
 """Ladders: named lists of plans, each a rung that changes a few knobs from a base.
 
 `default` is the classic single-GPU ladder (vanilla, accumulation, checkpointing, fp16,
-optimizers, combinations, compile, Liger kernels, float8, LoRA); `quick` is a CPU-sized
-subset that still shows rows this device must skip. Users pass their own as YAML: a list
-of {name, plan}."""
+optimizers, combinations, compile, Liger kernels, float8, LoRA, packed documents, fused loss);
+`quick` is a CPU-sized subset that still shows rows this device must skip. Users pass their
+own as YAML: a list of {name, plan}."""
 
 from __future__ import annotations
 
@@ -35,10 +35,11 @@ DEFAULT = (
     ("lora r16", {"batch_size": 4, "lora_rank": 16}),
     # synthetic rows cut into random documents: the cost of the document mask (causal LMs only)
     ("packed documents", {"batch_size": 4, "packing": "documents"}),
+    ("fused loss", {"batch_size": 4, "loss": "fused"}),
 )
 
 # Each runnable rung costs two fresh processes (trainwise and the Trainer), ~10 s each on
-# a small CPU mostly in imports: five runnable rungs keep the ladder under 3 minutes on
+# a small CPU mostly in imports: six runnable rungs keep the ladder near 3 minutes on
 # 2 cores. fp16 and 8-bit Adam stay in to show how a CPU skips them.
 QUICK = (
     ("vanilla", {"batch_size": 4}),
@@ -48,6 +49,7 @@ QUICK = (
     ("adafactor", {"batch_size": 4, "optim": "adafactor"}),
     ("8-bit adam", {"batch_size": 4, "optim": "adamw-8bit"}),
     ("lora r8", {"batch_size": 4, "lora_rank": 8}),
+    ("fused loss", {"batch_size": 4, "loss": "fused"}),
 )
 
 LADDERS = {"default": DEFAULT, "quick": QUICK}

@@ -34,6 +34,7 @@ from trainwise.engine.setup import TrainingSetup
 from trainwise.engine.train_step import StepOutcome, training_step
 from trainwise.common.errors import InputError, WriteFailed, first_line
 from trainwise.plan.plan import Plan
+from trainwise.step.fused_loss_model import loss_implementation
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ def _run(setup: TrainingSetup, data, plan: Plan, run: RunConfig, flops_per_step:
     checkpoint, exports = _final_save(run, setup, plan, state, started, checkpoint, stop_signal)
     final_loss = outcome.loss if outcome else state.extra.get("last_loss")
     summary = _summary(timer.summary(total_time), probe.snapshot(), final_loss, state, started, eval_loss,
-                       stop_signal)
+                       stop_signal, loss_implementation(setup.model) if plan.loss == "fused" else None)
     log.summary(summary)
     if stop_signal:
         raise Preempted(stop_signal, state.step, run.steps, checkpoint if run.output else None)
@@ -183,13 +184,16 @@ def _final_save(run: RunConfig, setup: TrainingSetup, plan: Plan, state: Trainin
 
 
 def _summary(timing: dict, memory, final_loss: float | None, state: TrainingState, started: int,
-             eval_loss: float | None, stop_signal: int | None) -> dict:
-    """The metrics file's last line (docs/train.md's summary keys first, then extras)."""
+             eval_loss: float | None, stop_signal: int | None, fused_loss: str | None = None) -> dict:
+    """The metrics file's last line (docs/train.md's summary keys first, then extras).
+    `fused_loss`: which fused loss implementation ran (`--loss fused`)."""
     summary = {**timing, "peak_allocated": memory.peak_allocated, "peak_reserved": memory.peak_reserved,
                "device_total": memory.device_total, "final_loss": final_loss, "memory_method": memory.method,
                "steps": state.step - started, "skipped_steps": state.skipped_steps, "eval_loss": eval_loss}
     if stop_signal:
         summary["stopped_by_signal"] = stop_signal
+    if fused_loss:
+        summary["loss_implementation"] = fused_loss
     return summary
 
 

@@ -13,6 +13,7 @@ PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "bf16-pure")
 OPTIMIZERS = ("adamw", "adamw-fused", "adafactor", "adamw-8bit", "sgd")
 ATTENTIONS = ("eager", "sdpa", "flash", "auto")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+LOSSES = ("default", "fused")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 LR_SCHEDULES = ("cosine", "linear", "constant")
 CLASSIC_LAYOUTS = ("none", "data-parallel", "vertical")
@@ -45,6 +46,9 @@ class Plan:
                                            "memory in forward, back in backward (CUDA; on cpu nothing moves)")
     attention: str = knob("sdpa", "attention kernel; auto picks flash where it runs, else sdpa, else eager, "
                                           "and says which", choices=ATTENTIONS)
+    loss: str = knob("default", "causal-lm loss: default (the model's own) or fused (the LM head and cross-entropy "
+                                "in chunks of tokens, never holding the full tokens x vocabulary logits)",
+                     choices=LOSSES)
     compile: bool = knob(False, "torch.compile the model")
     compile_mode: str = knob("default", "torch.compile mode", choices=COMPILE_MODES)
     kernels: str = knob("none", "fused kernels patched into the model at run time: liger (Liger-Kernel's RMSNorm, "

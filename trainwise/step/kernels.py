@@ -62,12 +62,13 @@ def check_kernels(plan, device: Device, spec=None, here: bool = False) -> None:
                                       f"({INSTALL_LINE})")
 
 
-def liger_arguments(family: str, task: str | None) -> dict:
-    """Keyword arguments for the family's Liger patch: every kernel it has, with the fused
-    linear cross-entropy only for a causal LM (the other heads keep their own loss)."""
+def liger_arguments(family: str, task: str | None, loss: str = "default") -> dict:
+    """Keyword arguments for the family's Liger patch: every kernel it has, with Liger's
+    fused linear cross-entropy when the plan asks for the fused loss (`--loss fused`) of a
+    causal LM (other heads keep their own loss; without the flag the loss stays the model's)."""
     patch = LIGER_FAMILIES[family]
     return {"rope": True, "rms_norm": True, patch.mlp_switch: True, "cross_entropy": False,
-            "fused_linear_cross_entropy": task == "causal-lm"}
+            "fused_linear_cross_entropy": task == "causal-lm" and loss == "fused"}
 
 
 def apply_kernels(model: nn.Module, plan, task: str | None) -> nn.Module:
@@ -79,5 +80,5 @@ def apply_kernels(model: nn.Module, plan, task: str | None) -> nn.Module:
 
     family = model.config.model_type
     patch = getattr(liger, LIGER_FAMILIES[family].function)
-    patch(model=model, **liger_arguments(family, task))
+    patch(model=model, **liger_arguments(family, task, plan.loss))
     return model

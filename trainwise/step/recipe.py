@@ -13,6 +13,7 @@ from trainwise.step.activation_offload import enable_activation_offload
 from trainwise.step.checkpointing import enable_checkpointing, largest_module_list
 from trainwise.step.float8 import apply_float8
 from trainwise.step.kernels import apply_kernels
+from trainwise.step.fused_loss_model import apply_fused_loss
 from trainwise.step.lora import apply_lora
 from trainwise.step.moe import enable_router_aux_loss
 from trainwise.step.precision import PrecisionPolicy
@@ -20,8 +21,8 @@ from trainwise.step.precision import PrecisionPolicy
 
 def prepare_model(model: nn.Module, plan: Plan, policy: PrecisionPolicy, task: str | None = None) -> nn.Module:
     """Apply, in order: MoE router loss -> KV cache off (--packing documents) -> fused
-    kernels -> LoRA adapters -> float8 linear layers -> gradient checkpointing ->
-    activation offload -> weight dtype -> train mode.
+    kernels -> LoRA adapters -> fused loss -> float8 linear layers -> gradient
+    checkpointing -> activation offload -> weight dtype -> train mode.
 
     Kernels first so Liger finds the family's own modules; LoRA before checkpointing so
     checkpointing wraps the adapted blocks; float8 before checkpointing and the dtype cast
@@ -34,6 +35,8 @@ def prepare_model(model: nn.Module, plan: Plan, policy: PrecisionPolicy, task: s
     model = apply_kernels(model, plan, task)
     if plan.lora:
         model = apply_lora(model, plan, task)
+    if plan.loss == "fused" and plan.kernels != "liger":  # under Liger its own fused loss is patched in
+        model = apply_fused_loss(model, task)
     if plan.float8:
         model = apply_float8(model, plan)
     if plan.grad_ckpt:
