@@ -34,7 +34,8 @@ class RunConfig:
     metrics: str | None = knob(None, "write per-step metrics as JSON lines to this file", optional=True, kind=str)
     log_every: int = knob(1, "log metrics every N steps", minimum=1)
     timing_warmup: int | None = knob(None, "steps excluded from the throughput summary "
-                                           "(default: 1, or 2 with --compile)", optional=True, kind=int, minimum=0)
+                                           "(default: 1, or 2 with a --compile-mode other than default); "
+                                           "steps that compiled are always excluded (compile_s)", optional=True, kind=int, minimum=0)
     on_nan: str = knob("stop", "when the loss is NaN/inf: stop with a diagnosis, or skip the step", choices=ON_NAN)
     eval_every: int = knob(0, "evaluate on held-out batches every N steps (0: never)", minimum=0)
     eval_batches: int = knob(4, "micro-batches per evaluation", minimum=1)

@@ -14,6 +14,7 @@ OPTIMIZERS = ("adamw", "adamw-fused", "adafactor", "adamw-8bit", "sgd")
 ATTENTIONS = ("eager", "sdpa", "flash", "auto")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+COMPILE_SCOPES = ("blocks", "model")
 LR_SCHEDULES = ("cosine", "linear", "constant")
 CLASSIC_LAYOUTS = ("none", "data-parallel", "vertical")
 
@@ -38,8 +39,10 @@ class Plan:
     grad_ckpt: bool = knob(False, "gradient (activation) checkpointing per transformer block")
     attention: str = knob("sdpa", "attention kernel; auto picks flash where it runs, else sdpa, else eager, "
                                           "and says which", choices=ATTENTIONS)
-    compile: bool = knob(False, "torch.compile the model")
+    compile: bool = knob(False, "torch.compile the model (see --compile-scope); the compiled code is cached per user")
     compile_mode: str = knob("default", "torch.compile mode", choices=COMPILE_MODES)
+    compile_scope: str = knob("blocks", "with --compile: each transformer block (shared code, fast first step; the "
+                                        "rest stays eager) or the whole model", choices=COMPILE_SCOPES)
     lora_rank: int = knob(0, "LoRA rank (0 trains all weights)", minimum=0)
     lora_alpha: int = knob(16, "LoRA scaling alpha", minimum=1)
     lora_targets: str = knob("auto", "comma-separated module names for LoRA, or auto (peft's default for the model)")
