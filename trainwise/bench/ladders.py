@@ -27,7 +27,8 @@ DEFAULT = (
     ("8-bit adam", {"batch_size": 4, "optim": "adamw-8bit"}),
     ("8-bit adam combined", {**COMBINED, "precision": "fp16", "optim": "adamw-8bit"}),
     ("bf16 combined", {**COMBINED, "precision": "bf16"}),
-    ("+ torch.compile", {**COMBINED, "precision": "bf16", "compile": True}),
+    ("+ torch.compile", {**COMBINED, "precision": "bf16", "compile": True}),  # per block
+    ("+ torch.compile whole model", {**COMBINED, "precision": "bf16", "compile": True, "compile_scope": "model"}),
     ("lora r16", {"batch_size": 4, "lora_rank": 16}),
 )
 
