@@ -18,6 +18,8 @@ from trainwise.engine.throughput import StepTimer
 from trainwise.models.build import build_model
 from trainwise.models.resolve import resolve_model
 from trainwise.plan import Plan
+from trainwise.plan.layout import resolve_layout
+from trainwise.plan.partition import check_layout_combination
 
 TINY = Plan(device="cpu", batch_size=2, seq_len=16)
 
@@ -43,6 +45,16 @@ def test_block_compile_of_a_model_without_repeated_blocks_is_refused(fault_log):
     assert refused.value.field == "--compile-scope" and "--compile-scope model" in str(refused.value)
     fault_log(kind="bad input", case="--compile on a model with no repeated blocks", exit_code=2,
               message=str(refused.value))
+
+
+@pytest.mark.fault
+def test_compile_with_tensor_parallel_is_refused_before_launch(fault_log):
+    plan = Plan.from_dict({"device": "cpu", "batch_size": 2, "seq_len": 16, "nproc": 2, "tp": 2, "compile": True})
+    with pytest.raises(InputError) as refused:
+        check_layout_combination(plan, resolve_layout(plan))
+    assert refused.value.field == "--compile" and "--tp" in str(refused.value)
+    check_layout_combination(plan.replace(compile=False), resolve_layout(plan))  # the layout alone runs
+    fault_log(kind="bad input", case="--compile --tp 2", exit_code=2, message=str(refused.value))
 
 
 def test_compile_cache_goes_to_the_trainwise_cache_unless_the_user_named_one(monkeypatch, tmp_path):
