@@ -12,7 +12,7 @@ from torch import nn
 
 from trainwise.common.errors import InputError
 from trainwise.engine.compile_cache import CACHE_ENV, enable_compile_cache
-from trainwise.engine.compile_regions import compiled_blocks
+from trainwise.engine.compile_regions import compiled_blocks, transformer_blocks
 from trainwise.engine.parallelize import parallelize
 from trainwise.engine.throughput import StepTimer
 from trainwise.models.build import build_model
@@ -36,6 +36,14 @@ def test_compile_compiles_every_block_and_leaves_the_head_and_embeddings_eager()
     assert compiled_blocks(model) == list(model.model.layers) and len(model.model.layers) == 2
     for eager_part in (model, model.model, model.model.embed_tokens, model.model.norm, model.lm_head):
         assert "forward" not in eager_part.__dict__
+
+
+def test_a_pipeline_stage_compiles_the_blocks_it_holds():
+    from trainwise.models.families.llama import LlamaStage
+
+    model = _tiny_llama()
+    stage = LlamaStage(model, 1, 2, is_first=False, is_last=True)
+    assert transformer_blocks(stage) == [model.model.layers[1]]
 
 
 @pytest.mark.fault

@@ -54,8 +54,8 @@ def compile_model_parts(parts: list[nn.Module], plan: Plan, *, in_place: bool) -
 def compile_blocks(part: nn.Module, mode: str | None) -> int:
     """Compile the forward of each block of `part` in place; returns how many. A part with
     no repeated blocks is refused: compiling it whole is a different request."""
-    blocks = largest_module_list(part)
-    if blocks is None:
+    blocks = transformer_blocks(part)
+    if not blocks:
         base = getattr(part, "get_base_model", lambda: part)()
         raise InputError("--compile-scope", f"{type(base).__name__} has no repeated blocks to compile one by one; "
                                             "use --compile-scope model")
@@ -66,8 +66,16 @@ def compile_blocks(part: nn.Module, mode: str | None) -> int:
 
 def compiled_blocks(part: nn.Module) -> list[nn.Module]:
     """The blocks of `part` whose forward compile_blocks compiled (for reports and tests)."""
-    blocks = largest_module_list(part) or []
-    return [block for block in blocks if hasattr(block.__dict__.get("forward"), "_torchdynamo_orig_callable")]
+    return [block for block in transformer_blocks(part) if hasattr(block.__dict__.get("forward"), "_torchdynamo_orig_callable")]
+
+
+def transformer_blocks(part: nn.Module) -> list[nn.Module]:
+    """The blocks of a model part: a pipeline stage's (held by name in a ModuleDict, see
+    models/families/stage.py), else the longest ModuleList; empty without any."""
+    stage_blocks = getattr(getattr(part, "parts", None), "blocks", None)
+    if isinstance(stage_blocks, str):
+        return list(part.get_submodule(stage_blocks).values())
+    return list(largest_module_list(part) or [])
 
 
 def _train_without_generation_cache(part: nn.Module) -> None:
