@@ -73,13 +73,14 @@ def test_the_estimate_follows_the_fsdp_settings(monkeypatch):
     assert kept.communication == zero2.communication and kept.peak_allocated == zero2.peak_allocated
 
 
-def test_one_process_compile_wraps_the_model_and_saves_the_uncompiled_one():
+def test_one_process_whole_model_compile_wraps_the_model_and_saves_the_uncompiled_one():
     from trainwise.engine.parallelize import parallelize
 
     model = nn.Linear(4, 4)
     eager = parallelize(model, Plan(device="cpu"), torch.device("cpu"), total_steps=1)
     assert eager.forward is eager.model is model and not eager.has_mesh
-    compiled = parallelize(nn.Linear(4, 4), Plan(device="cpu", compile=True), torch.device("cpu"), total_steps=1)
+    compiled = parallelize(nn.Linear(4, 4), Plan(device="cpu", compile=True, compile_scope="model"),
+                           torch.device("cpu"), total_steps=1)
     assert compiled.forward is not compiled.model and compiled.forward._orig_mod is compiled.model
 
 

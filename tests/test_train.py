@@ -158,15 +158,6 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_losses(tmp_path):
     assert _losses(metrics) == _losses(reference / "m.jsonl")
 
 
-@pytest.mark.slow
-def test_compiled_model_trains_like_the_eager_one():
-    plan = Plan(device="cpu", batch_size=2, seq_len=32)
-    run = RunConfig(steps=2, data="synthetic")
-    eager = train("tiny-llama", plan=plan, run=run)
-    compiled = train("tiny-llama", plan=plan.replace(compile=True), run=run)
-    assert compiled.summary["final_loss"] == pytest.approx(eager.summary["final_loss"], rel=1e-3)
-
-
 def test_out_of_memory_exits_3_with_advice(monkeypatch, capsys):
     from trainwise.engine import run as run_module
 

@@ -28,7 +28,8 @@ DEFAULT = (
     ("8-bit adam", {"batch_size": 4, "optim": "adamw-8bit"}),
     ("8-bit adam combined", {**COMBINED, "precision": "fp16", "optim": "adamw-8bit"}),
     ("bf16 combined", {**COMBINED, "precision": "bf16"}),
-    ("+ torch.compile", {**COMBINED, "precision": "bf16", "compile": True}),
+    ("+ torch.compile", {**COMBINED, "precision": "bf16", "compile": True}),  # per block
+    ("+ torch.compile whole model", {**COMBINED, "precision": "bf16", "compile": True, "compile_scope": "model"}),
     ("activation offload", {"batch_size": 4, "precision": "bf16", "activation_offload": True}),
     ("+ liger kernels", {**COMBINED, "precision": "bf16", "kernels": "liger"}),
     ("+ float8 compiled", {**COMBINED, "precision": "bf16", "compile": True, "float8": True}),

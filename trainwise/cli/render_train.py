@@ -72,11 +72,14 @@ def step_text(entry: StepLog) -> str:
 def render_summary(result: TrainResult, console: Console) -> None:
     """Time, throughput, MFU and memory (measured) beside the estimate (predicted)."""
     summary, predicted = result.summary, result.predicted or {}
-    table = Table(title=f"Run summary ({summary.get('steps', 0)} steps; throughput excludes warm-up "
-                        "and profiled steps)", title_justify="left")
+    table = Table(title=f"Run summary ({summary.get('steps', 0)} steps; throughput excludes warm-up, "
+                        "compiling and profiled steps)", title_justify="left")
     for column in ("metric", "measured", "predicted", "error"):
         table.add_column(column, justify="left" if column == "metric" else "right")
     table.add_row("time (s)", f"{summary['time_s']:.2f}", "", "")
+    if summary.get("compile_s") is not None:
+        table.add_row(f"compile (s, {summary['compile_steps']} step(s), not in rates)", f"{summary['compile_s']:.2f}",
+                      "", "")
     table.add_row("samples/s", _rate(summary.get("samples_per_s")), "", "")
     table.add_row("tokens/s", _rate(summary.get("tokens_per_s")), "", "")
     mfu = summary.get("mfu")
@@ -93,6 +96,8 @@ def render_summary(result: TrainResult, console: Console) -> None:
         table.add_row("skipped steps", str(summary["skipped_steps"]), "", "")
     console.print(table)
     console.print(f"memory measured by: {summary.get('memory_method')}", highlight=False)
+    if summary.get("compile_cache"):
+        console.print(f"compile cache: {summary['compile_cache']}", highlight=False)
     for report in summary.get("reports") or ():
         console.print(f"logs: {report}", highlight=False, soft_wrap=True)  # a path stays copyable
     outcome = result.outcome

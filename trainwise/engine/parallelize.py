@@ -9,7 +9,8 @@ steps it does not use leave the model as it is.
     4. pipeline split into this rank's stages on the pp mesh (--pp), then what must wait
        until the parameters sit in their place and dtype (the tensor-parallel embedding's
        gradient hook)
-    5. torch.compile of each model part (compile_parts)
+    5. torch.compile of each block of each model part, or of each part whole
+       (engine/compile_regions.py; the compile cache is turned on by the job)
     6. with a mesh, data parallel: DDP, ZeRO-1 (DDP + sharded optimizer) or FSDP2 (ZeRO-2/3,
        and any data parallelism next to --tp or --pp: FSDP2 shards over fsdp and replicates
        over dp; DDP does not compose with DTensor); without one, the one-process --classic
@@ -28,12 +29,12 @@ import contextlib
 import torch
 from torch import nn
 
+from trainwise.engine.compile_regions import compile_model_parts
 from trainwise.engine.parallel.apply import after_placement, data_parallel, split_pipeline, tensor_parallel
 from trainwise.engine.parallel.mesh import Distributed
 from trainwise.engine.runtime import apply_numeric_switches, check_precision_supported
 from trainwise.engine.schedule import build_scheduler
 from trainwise.engine.setup import TrainingSetup
-from trainwise.common.errors import InputError
 from trainwise.plan.plan import Plan
 from trainwise.step import build_optimizer, precision_policy, prepare_model
 
@@ -51,7 +52,7 @@ def parallelize(model: nn.Module, plan: Plan, device: torch.device, total_steps:
     model = prepare_model(model, plan, policy, task)  # 3
     pipeline, parts = split_pipeline(model, plan, meshed, device)  # 4
     after_placement(model, meshed)
-    forwards = compile_parts(parts, plan, in_place=meshed is not None)  # 5
+    forwards = compile_model_parts(parts, plan, in_place=meshed is not None)  # 5
     if meshed is not None:  # 6
         parts, forwards = data_parallel(parts, forwards, meshed, plan, device)
     elif plan.classic != "none":
@@ -65,28 +66,6 @@ def parallelize(model: nn.Module, plan: Plan, device: torch.device, total_steps:
     scaler = torch.amp.GradScaler(device.type, enabled=policy.loss_scaling)
     return TrainingSetup(saved, forwards[0] if len(forwards) == 1 else saved, optimizer, scheduler, scaler,
                          policy, device, meshed, pipeline, _loss_context(model, meshed))
-
-
-def compile_parts(parts: list[nn.Module], plan: Plan, *, in_place: bool) -> list[nn.Module]:
-    """What the loop calls for each model part: the parts themselves without --compile.
-
-    With a mesh each part is compiled in place, because pipeline stages and FSDP2 keep
-    their module objects. On one process the part is wrapped by torch.compile and the
-    uncompiled module stays what is saved; the compiler stack is checked first so a torch
-    build without it is refused as bad input. The first steps compile (slow); the
-    throughput summary skips them (RunConfig.timing_warmup)."""
-    if not plan.compile:
-        return parts
-    mode = None if plan.compile_mode == "default" else plan.compile_mode
-    if in_place:
-        for part in parts:
-            part.compile(mode=mode)
-        return parts
-    try:
-        import torch._inductor  # noqa: F401 - fails early where the compiler stack is missing
-    except ImportError as err:
-        raise InputError("--compile", f"torch.compile is unavailable in this torch build ({err})") from None
-    return [torch.compile(part, mode=mode) for part in parts]
 
 
 def _optimizer(saved: nn.Module, plan: Plan, distributed: Distributed | None,

@@ -21,6 +21,7 @@ from torch.distributed.tensor import DTensor
 from trainwise.engine.checkpoint import (CHECKPOINTS, TrainingState, latest_checkpoint, restore_checkpoint,
                                          resumable_checkpoint, save_checkpoint)
 from trainwise.engine.checkpoint_manifest import DamagedCheckpoint
+from trainwise.engine.compile_cache import compile_cache_dir, compile_events
 from trainwise.engine.evaluate import evaluate
 from trainwise.engine.export import export_final
 from trainwise.engine.faults import MAX_CONSECUTIVE_SCALER_SKIPS, NonFiniteLoss, diagnose_non_finite
@@ -53,6 +54,7 @@ class StepLog:
     # CPU seconds this process spent in the step, all its threads together: on a shared
     # machine, with one thread, the step's time when it has a core to itself.
     step_cpu_s: float | None = None
+    compiled: bool = False  # torch.compile compiled (or loaded from its cache) during the step
 
 
 @dataclass
@@ -100,21 +102,17 @@ def _run(setup: TrainingSetup, data, plan: Plan, run: RunConfig, flops_per_step:
     batches = _CountingIterator(iter(data.micro_batches(start=state.micro_batches_consumed)),
                                 state.micro_batches_consumed)
     eval_batches = data.eval_batches(run.eval_batches) if run.eval_every else []
-    # Throughput of the whole job: every data-parallel rank trains its own micro-batches.
-    replicas = setup.distributed.layout.data_parallel if setup.distributed is not None else 1
-    samples_per_step = plan.batch_size * plan.grad_accum * replicas
-    tokens_per_step = data.tokens_per_micro_batch * plan.grad_accum * replicas
-    warmup = run.timing_warmup if run.timing_warmup is not None else (2 if plan.compile else 1)
+    warmup = run.timing_warmup if run.timing_warmup is not None else default_timing_warmup(plan)
     probe_step = run.steps - 1  # CPU memory is profiled on the last step (it runs slower)
     probe = MemoryProbe(setup.device, probe_step=probe_step)
-    timer = StepTimer(samples_per_step=samples_per_step, tokens_per_step=tokens_per_step,
-                      flops_per_step=flops_per_step, peak_flops=peak_flops)
+    timer = _step_timer(setup, data, plan, flops_per_step, peak_flops)
     log = _metrics_log(run, plan, started)
     probe.reset()
     consecutive_skips, outcome, eval_loss, checkpoint, stop_signal = 0, None, None, None, None
     run_started, _ = previous = _clocks()
     for step in range(started, run.steps):
         probe.step_begin(step, _live_tensors(setup))
+        compiles_before = compile_events()
         outcome = training_step(setup, batches, plan, skip_non_finite=run.on_nan == "skip")
         synchronize(setup.device)
         # End to end: a step's time includes data loading and the previous step's logging,
@@ -122,7 +120,8 @@ def _run(setup: TrainingSetup, data, plan: Plan, run: RunConfig, flops_per_step:
         elapsed, cpu_s = (now - before for now, before in zip(_clocks(), previous))
         probe.step_end(step)
         timed = step >= started + warmup and not (setup.device.type == "cpu" and step == probe_step)
-        timer.record(elapsed, timed=timed)
+        compiled = compile_events() > compiles_before
+        timer.record(elapsed, timed=timed, compiled=compiled)
         consecutive_skips = _check_finite(outcome, step, plan, run, consecutive_skips)
         state = TrainingState(step=step + 1, micro_batches_consumed=batches.consumed,
                               skipped_steps=state.skipped_steps + int(outcome.skipped),
@@ -132,8 +131,9 @@ def _run(setup: TrainingSetup, data, plan: Plan, run: RunConfig, flops_per_step:
             eval_loss = evaluate(setup.model, eval_batches, setup.device, run.eval_precision,
                                  setup.policy.autocast_dtype)
         memory = probe.snapshot()
-        entry = StepLog(step + 1, run.steps, outcome, elapsed, samples_per_step / elapsed, tokens_per_step / elapsed,
-                        timer.mfu_for(elapsed), memory.peak_allocated, eval_loss, cpu_s)
+        entry = StepLog(step + 1, run.steps, outcome, elapsed, timer.samples_per_step / elapsed,
+                        timer.tokens_per_step / elapsed,
+                        timer.mfu_for(elapsed), memory.peak_allocated, eval_loss, cpu_s, compiled)
         if (step + 1) % run.log_every == 0 or step + 1 == run.steps:
             log.step(_metrics_line(entry))
         if on_step:
@@ -147,8 +147,9 @@ def _run(setup: TrainingSetup, data, plan: Plan, run: RunConfig, flops_per_step:
     total_time = time.perf_counter() - run_started
     checkpoint, exports = _final_save(run, setup, plan, state, started, checkpoint, stop_signal)
     final_loss = outcome.loss if outcome else state.extra.get("last_loss")
-    summary = _summary(timer.summary(total_time), probe.snapshot(), final_loss, state, started, eval_loss,
-                       stop_signal, loss_implementation(setup.model) if plan.loss == "fused" else None)
+    summary = _summary({**timer.summary(total_time), "compile_cache": compile_cache_dir() if plan.compile else None},
+                       probe.snapshot(), final_loss, state, started, eval_loss, stop_signal,
+                       loss_implementation(setup.model) if plan.loss == "fused" else None)
     log.summary(summary)
     if stop_signal:
         raise Preempted(stop_signal, state.step, run.steps, checkpoint if run.output else None)
@@ -159,6 +160,23 @@ def _metrics_log(run: RunConfig, plan: Plan, started: int) -> MetricsLog:
     """The metrics file, with the dashboards and the chart as its mirrors."""
     resumed_at = started if run.resume else None
     return MetricsLog(run.metrics, resume_from_step=resumed_at, mirrors=open_reports(run, plan, resumed_at))
+
+
+def _step_timer(setup: TrainingSetup, data, plan: Plan, flops_per_step: int | None,
+                peak_flops: float | None) -> StepTimer:
+    """The run's timer. Throughput is the whole job's: every data-parallel rank trains its
+    own micro-batches."""
+    replicas = setup.distributed.layout.data_parallel if setup.distributed is not None else 1
+    return StepTimer(samples_per_step=plan.batch_size * plan.grad_accum * replicas,
+                     tokens_per_step=data.tokens_per_micro_batch * plan.grad_accum * replicas,
+                     flops_per_step=flops_per_step, peak_flops=peak_flops)
+
+
+def default_timing_warmup(plan: Plan) -> int:
+    """Steps left out of the rates when RunConfig.timing_warmup is not given: one (the
+    allocator grows), two under a compile mode that records CUDA graphs on the call after
+    compiling. Steps during which torch.compile compiled are left out on top of these."""
+    return 2 if plan.compile and plan.compile_mode != "default" else 1
 
 
 def _clocks() -> tuple[float, float]:
@@ -305,4 +323,5 @@ def _metrics_line(entry: StepLog) -> dict:
     return {"step": entry.step, "loss": outcome.loss, "lr": outcome.lr, "tokens_per_s": entry.tokens_per_s,
             "samples_per_s": entry.samples_per_s, "mfu": entry.mfu, "peak_allocated": entry.peak_allocated,
             "skipped": outcome.skipped, "grad_norm": outcome.grad_norm, "loss_scale": outcome.loss_scale,
-            "step_time_s": entry.step_time_s, "step_cpu_s": entry.step_cpu_s, "eval_loss": entry.eval_loss}
+            "step_time_s": entry.step_time_s, "step_cpu_s": entry.step_cpu_s, "eval_loss": entry.eval_loss,
+            "compiled": entry.compiled}

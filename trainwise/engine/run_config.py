@@ -44,7 +44,8 @@ class RunConfig:
     report_dir: str | None = knob(None, "where dashboards write (default: runs/ under --output, else beside "
                                         "--metrics)", optional=True, kind=str)
     timing_warmup: int | None = knob(None, "steps excluded from the throughput summary "
-                                           "(default: 1, or 2 with --compile)", optional=True, kind=int, minimum=0)
+                                           "(default: 1, or 2 with a --compile-mode other than default); "
+                                           "steps that compiled are always excluded (compile_s)", optional=True, kind=int, minimum=0)
     on_nan: str = knob("stop", "when the loss is NaN/inf: stop with a diagnosis, or skip the step", choices=ON_NAN)
     eval_every: int = knob(0, "evaluate on held-out batches every N steps (0: never)", minimum=0)
     eval_batches: int = knob(4, "micro-batches per evaluation", minimum=1)

@@ -9,9 +9,11 @@ class StepTimer:
     """Optimizer-step durations in seconds, as the loop measured them (after a device
     synchronisation, so queued GPU work is included).
 
-    Steps recorded with `timed=False` (the warm-up steps, where compilation and allocator
-    growth happen, and the CPU memory-probe step, which runs under the profiler) count in
-    the run's total time but not in its rates. `flops_per_step` is the counted model FLOPs
+    Steps recorded with `timed=False` (the warm-up steps, where allocator growth happens,
+    and the CPU memory-probe step, which runs under the profiler) count in the run's total
+    time but not in its rates; steps recorded with `compiled=True` (torch.compile traced,
+    compiled or loaded code from its cache during them) are summed apart as compile_s and
+    are never timed. `flops_per_step` is the counted model FLOPs
     of one optimizer step (FlopCount.total x grad_accum); `peak_flops` the device's peak
     FLOP/s for the plan's precision (flops.peak_flops_for); either None: no MFU."""
 
@@ -21,9 +23,10 @@ class StepTimer:
         self.flops_per_step, self.peak_flops = flops_per_step, peak_flops
         self.timed: list[float] = []
         self.untimed: list[float] = []
+        self.compiling: list[float] = []
 
-    def record(self, seconds: float, timed: bool) -> None:
-        (self.timed if timed else self.untimed).append(seconds)
+    def record(self, seconds: float, timed: bool, compiled: bool = False) -> None:
+        (self.compiling if compiled else self.timed if timed else self.untimed).append(seconds)
 
     def mfu_for(self, seconds: float) -> float | None:
         """MFU (a fraction) of one step that took `seconds`; None without FLOPs or a peak."""
@@ -36,8 +39,9 @@ class StepTimer:
         step time (seconds), how many steps were timed and each timed step's seconds
         (`step_times_s`, so a reader can judge their spread). With no timed step (a run
         shorter than its warm-up) the rates use every step and `rates_include_warmup`
-        says so."""
-        durations = self.timed or self.untimed
+        says so. `compile_s` is the wall seconds of the steps that compiled (their own
+        compute included), `compile_steps` how many; None and 0 when nothing compiled."""
+        durations = self.timed or self.untimed or self.compiling
         per_step = sum(durations) / len(durations) if durations else None
         return {"time_s": total_time_s,
                 "samples_per_s": self.samples_per_step / per_step if per_step else None,
@@ -46,4 +50,6 @@ class StepTimer:
                 "step_time_s": per_step,
                 "timed_steps": len(self.timed),
                 "step_times_s": [round(seconds, 6) for seconds in self.timed],
-                "rates_include_warmup": not self.timed}
+                "rates_include_warmup": not self.timed,
+                "compile_s": sum(self.compiling) if self.compiling else None,
+                "compile_steps": len(self.compiling)}

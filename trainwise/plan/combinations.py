@@ -19,4 +19,7 @@ def check_combinations(plan, world_size: int | None = None) -> Layout:
     check_layout_combination(plan, layout)
     if plan.classic != "none" and plan.is_distributed:
         raise InputError("--classic", "is a one-process layout; drop --nproc/--dp/--fsdp/--zero/--tp/--pp")
+    if not plan.compile and (plan.compile_scope != "blocks" or plan.compile_mode != "default"):
+        flag = "--compile-scope" if plan.compile_scope != "blocks" else "--compile-mode"
+        raise InputError(flag, "says how to compile, but nothing is compiled without --compile: add --compile")
     return layout

@@ -15,6 +15,7 @@ ATTENTIONS = ("eager", "sdpa", "flash", "auto")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 LOSSES = ("default", "fused")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+COMPILE_SCOPES = ("blocks", "model")
 LR_SCHEDULES = ("cosine", "linear", "constant")
 CLASSIC_LAYOUTS = ("none", "data-parallel", "vertical")
 KERNELS = ("none", "liger")
@@ -49,8 +50,10 @@ class Plan:
     loss: str = knob("default", "causal-lm loss: default (the model's own) or fused (the LM head and cross-entropy "
                                 "in chunks of tokens, never holding the full tokens x vocabulary logits)",
                      choices=LOSSES)
-    compile: bool = knob(False, "torch.compile the model")
+    compile: bool = knob(False, "torch.compile the model (see --compile-scope); the compiled code is cached per user")
     compile_mode: str = knob("default", "torch.compile mode", choices=COMPILE_MODES)
+    compile_scope: str = knob("blocks", "with --compile: each transformer block (shared code, fast first step; the "
+                                        "rest stays eager) or the whole model", choices=COMPILE_SCOPES)
     kernels: str = knob("none", "fused kernels patched into the model at run time: liger (Liger-Kernel's RMSNorm, "
                                 "RoPE, SwiGLU/GeGLU and fused linear cross-entropy; Llama, Mistral, Qwen2/3 and "
                                 "Gemma families; CUDA)", choices=KERNELS)
