@@ -25,6 +25,7 @@ from trainwise.models import ModelSpec, check_seq_len, resolve_model
 from trainwise.models.attention import attention_refusal
 from trainwise.models.quiet import quiet_transformers
 from trainwise.planner.compose import Measure
+from trainwise.planner.refine import refine
 from trainwise.planner.search import DEFAULT_MARGIN, Evaluator, SearchResult, search, smallest
 from trainwise.planner.space import ALLOWABLE, Space, build_space
 from trainwise.planner.why_lost import alternatives
@@ -135,6 +136,8 @@ def plan_search(model: str | ModelSpec, base: Plan, fixed: set[str] | frozenset[
     with quiet_transformers():  # model-code warnings (e.g. use_cache under checkpointing) repeat per trace
         result = search(space, device, evaluator, capacity_bytes=capacity, top=top, margin=margin, extra=extra,
                         own_screen=gpus == 1, progress=progress)
+        if gpus == 1:  # layouts keep what they were screened with (these techniques are refused there)
+            result = refine(result, space, device, evaluator, top)
     result.notes[:0] = notes
     if not result.ranked:
         raise nothing_fits(result, space, device, evaluator, spec.name)
