@@ -19,4 +19,16 @@ def check_combinations(plan, world_size: int | None = None) -> Layout:
     check_layout_combination(plan, layout)
     if plan.classic != "none" and plan.is_distributed:
         raise InputError("--classic", "is a one-process layout; drop --nproc/--dp/--fsdp/--zero/--tp/--pp")
+    check_checkpointing_knobs(plan)
     return layout
+
+
+def check_checkpointing_knobs(plan) -> None:
+    """--grad-ckpt-policy and --grad-ckpt-every shape checkpointing; without --grad-ckpt
+    there is none to shape, and asking for it is refused rather than ignored."""
+    if plan.grad_ckpt:
+        return
+    if plan.grad_ckpt_policy != "full":
+        raise InputError("--grad-ckpt-policy", f"{plan.grad_ckpt_policy} applies to checkpointing: add --grad-ckpt")
+    if plan.grad_ckpt_every != 1:
+        raise InputError("--grad-ckpt-every", f"{plan.grad_ckpt_every} applies to checkpointing: add --grad-ckpt")

@@ -16,6 +16,7 @@ PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 LR_SCHEDULES = ("cosine", "linear", "constant")
 CLASSIC_LAYOUTS = ("none", "data-parallel", "vertical")
+GRAD_CKPT_POLICIES = ("full", "selective")
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,11 @@ class Plan:
     max_grad_norm: float = knob(1.0, "gradient clipping norm (0 disables)", minimum=0.0)
     # --- memory and speed techniques
     grad_ckpt: bool = knob(False, "gradient (activation) checkpointing per transformer block")
+    grad_ckpt_policy: str = knob("full", "with --grad-ckpt: full recomputes a checkpointed block's whole forward; "
+                                         "selective keeps its matmul and attention outputs and recomputes the rest",
+                                 choices=GRAD_CKPT_POLICIES)
+    grad_ckpt_every: int = knob(1, "with --grad-ckpt: checkpoint every K-th block (0, K, 2K, ...); the others keep "
+                                   "their activations", minimum=1)
     attention: str = knob("sdpa", "attention kernel; auto picks flash where it runs, else sdpa, else eager, "
                                           "and says which", choices=ATTENTIONS)
     compile: bool = knob(False, "torch.compile the model")

@@ -24,7 +24,7 @@ def prepare_model(model: nn.Module, plan: Plan, policy: PrecisionPolicy, task: s
     if plan.lora:
         model = apply_lora(model, plan, task)
     if plan.grad_ckpt:
-        model = enable_checkpointing(model)
+        model = enable_checkpointing(model, plan.grad_ckpt_policy, plan.grad_ckpt_every)
     if policy.param_dtype != torch.float32:
         model = model.to(policy.param_dtype)
     model.train()
