@@ -20,6 +20,8 @@ DEFAULT = (
     ("vanilla", {"batch_size": 4}),
     ("grad accumulation", {"batch_size": 1, "grad_accum": 4}),
     ("+ grad checkpointing", COMBINED),
+    ("selective ckpt", {"batch_size": 4, "grad_ckpt": True, "grad_ckpt_policy": "selective"}),
+    ("ckpt every 2", {"batch_size": 4, "grad_ckpt": True, "grad_ckpt_every": 2}),
     ("fp16", {"batch_size": 4, "precision": "fp16"}),
     ("accum + ckpt + fp16", {**COMBINED, "precision": "fp16"}),
     ("adafactor", {"batch_size": 4, "optim": "adafactor"}),
@@ -32,12 +34,13 @@ DEFAULT = (
 )
 
 # Each runnable rung costs two fresh processes (trainwise and the Trainer), ~10 s each on
-# a small CPU mostly in imports: five runnable rungs keep the ladder under 3 minutes on
+# a small CPU mostly in imports: six runnable rungs keep the ladder near 3 minutes on
 # 2 cores. fp16 and 8-bit Adam stay in to show how a CPU skips them.
 QUICK = (
     ("vanilla", {"batch_size": 4}),
     ("grad accumulation", {"batch_size": 1, "grad_accum": 4}),
     ("+ grad checkpointing", COMBINED),
+    ("selective ckpt", {"batch_size": 4, "grad_ckpt": True, "grad_ckpt_policy": "selective"}),
     ("fp16", {"batch_size": 4, "precision": "fp16"}),
     ("adafactor", {"batch_size": 4, "optim": "adafactor"}),
     ("8-bit adam", {"batch_size": 4, "optim": "adamw-8bit"}),
