@@ -9,9 +9,11 @@ checkpoint API: `context_fn` of non-reentrant `torch.utils.checkpoint.checkpoint
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
+from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 # Matrix products as aten sees them after `linear` and `matmul` decompose (addmm with a
@@ -23,9 +25,32 @@ _SAVED_OP_NAMES = ("mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "_grouped_mm",
 SAVED_OPS = frozenset(getattr(torch.ops.aten, name) for name in _SAVED_OP_NAMES if hasattr(torch.ops.aten, name))
 
 
+# Callbacks shown each output the policy keeps in forward (`observe_kept`): the memory trace
+# and its CPU reference count them as saved activations, which autograd's saved-tensor
+# hooks do not see (the checkpoint holds them in its own cache).
+_KEPT_OBSERVERS: list = []
+
+
 def keep_matmuls_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     """MUST_SAVE for a matrix product or attention kernel, PREFER_RECOMPUTE for every other op."""
-    return CheckpointPolicy.MUST_SAVE if op.overloadpacket in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+    if op.overloadpacket not in SAVED_OPS:
+        return CheckpointPolicy.PREFER_RECOMPUTE
+    if _KEPT_OBSERVERS and not ctx.is_recompute:
+        for tensor in tree_leaves(getattr(ctx, "op_output", None)):
+            if isinstance(tensor, torch.Tensor):
+                for observer in _KEPT_OBSERVERS:
+                    observer(tensor)
+    return CheckpointPolicy.MUST_SAVE
+
+
+@contextlib.contextmanager
+def observe_kept(callback):
+    """Call `callback(tensor)` on each output the selective policy keeps, while inside."""
+    _KEPT_OBSERVERS.append(callback)
+    try:
+        yield
+    finally:
+        _KEPT_OBSERVERS.remove(callback)
 
 
 def selective_context_fn():
