@@ -129,3 +129,28 @@ def test_shaping_checkpointing_without_it_or_with_bad_values_is_refused(flags, f
     assert code == 2
     assert f"trainwise: error: {flag}:" in err
     fault_log(kind="bad input", case=f"estimate {' '.join(flags)}", exit_code=code, message=err.strip())
+
+
+class _Blocks(torch.nn.Module):
+    """A model with no checkpointing switch of its own: its blocks are wrapped instead."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()) for _ in range(3))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x.square().sum()
+
+
+def test_a_model_without_a_switch_has_every_kth_block_wrapped_and_the_same_gradients():
+    torch.manual_seed(0)
+    plain = _Blocks()
+    torch.manual_seed(0)
+    checkpointed = enable_checkpointing(_Blocks(), "selective", every=2)
+    assert [isinstance(block.forward, functools.partial) for block in checkpointed.blocks] == [True, False, True]
+    x = torch.randn(4, 8)
+    plain(x).backward()
+    checkpointed(x).backward()
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(plain.parameters(), checkpointed.parameters()))

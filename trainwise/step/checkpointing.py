@@ -7,10 +7,13 @@ activations, trading memory back for speed)."""
 
 from __future__ import annotations
 
+import functools
+
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from trainwise.common.errors import InputError
-from trainwise.step.selective_checkpoint import checkpoint_kwargs, wrap_forward
+from trainwise.step.selective_checkpoint import checkpoint_kwargs
 
 
 def enable_checkpointing(model: nn.Module, policy: str = "full", every: int = 1) -> nn.Module:
@@ -57,6 +60,11 @@ def describe_checkpointing(plan) -> str:
     if plan.grad_ckpt_every > 1:
         words.append(f"every {plan.grad_ckpt_every}")
     return " ".join(words)
+
+
+def wrap_forward(block: nn.Module, policy: str) -> None:
+    """Checkpoint `block`'s forward (not `__call__`, so module hooks stay outside)."""
+    block.forward = functools.partial(checkpoint, block.forward, **checkpoint_kwargs(policy))
 
 
 def largest_module_list(model: nn.Module) -> nn.ModuleList | None:

@@ -10,7 +10,6 @@ checkpoint API: `context_fn` of non-reentrant `torch.utils.checkpoint.checkpoint
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 from torch.utils._pytree import tree_leaves
@@ -67,8 +66,3 @@ def checkpoint_kwargs(policy: str) -> dict:
     if policy == "selective":
         kwargs["context_fn"] = selective_context_fn
     return kwargs
-
-
-def wrap_forward(block: torch.nn.Module, policy: str) -> None:
-    """Checkpoint `block`'s forward (not `__call__`, so module hooks stay outside)."""
-    block.forward = functools.partial(torch.utils.checkpoint.checkpoint, block.forward, **checkpoint_kwargs(policy))
