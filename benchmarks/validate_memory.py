@@ -98,6 +98,8 @@ MATRIX: tuple[Config, ...] = (
     _llama("llama-1b b4 bf16", batch_size=4),
     _llama("llama-1b b1 bf16 ckpt", batch_size=1, grad_ckpt=True),
     _llama("llama-1b b4 bf16 ckpt", batch_size=4, grad_ckpt=True),
+    _llama("llama-1b b4 bf16 selective ckpt", batch_size=4, grad_ckpt=True, grad_ckpt_policy="selective"),
+    _llama("llama-1b b4 bf16 ckpt every 2", batch_size=4, grad_ckpt=True, grad_ckpt_every=2),
     _llama("llama-1b b4 bf16 lora16", batch_size=4, lora_rank=16),
     _llama("llama-1b b4 bf16 lora16 ckpt", batch_size=4, lora_rank=16, grad_ckpt=True),
     _llama("llama-1b b2 bf16-pure", batch_size=2, precision="bf16-pure"),

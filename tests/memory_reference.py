@@ -16,7 +16,8 @@ optimizer             unique tensor storages in `optimizer.state` after the step
 activations           storages autograd saved for backward during one micro-batch's forward,
                       seen through `torch.autograd.graph.saved_tensors_hooks` (the pack hook
                       returns the tensor unchanged, so memory is what it would be without
-                      the hook). A storage is counted once, from when it is first packed
+                      the hook), and the outputs selective checkpointing keeps for
+                      backward in its own cache (`observe_kept`). A storage is counted once, from when it is first packed
                       until it dies (a weak reference on the storage object; PyTorch keeps
                       one Python storage object per live storage). Parameter and buffer
                       storages are excluded. The figure is the largest total alive at any
@@ -56,6 +57,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from trainwise.models import ModelSpec, build_model, example_batch
 from trainwise.plan.plan import Plan
 from trainwise.step import build_optimizer, compute_loss, precision_policy, prepare_model
+from trainwise.step.selective_checkpoint import observe_kept
 
 STEP_RANGE = "trainwise.reference.step"
 
@@ -142,7 +144,7 @@ def _run_step(model, optimizer, plan: Plan, policy, spec: ModelSpec, generator, 
                               documents=plan.packing == "documents")
         phases.enter("forward")
         saved = _SavedStorages(exclude=_pointers([*model.parameters(), *model.buffers()]))
-        with saved, _autocast(policy):
+        with saved, _autocast(policy), observe_kept(saved.pack):
             loss = compute_loss(model, batch) / plan.grad_accum
         activations.append(saved.peak_alive())
         phases.enter("backward")
@@ -173,7 +175,7 @@ class _SavedStorages:
         self._exclude = exclude
         self._alive: dict[int, tuple[weakref.ref, int]] = {}  # id(storage) -> (ref, nbytes)
         self._peak = 0
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
 
     def __enter__(self):
         self._hooks.__enter__()
@@ -183,7 +185,7 @@ class _SavedStorages:
         self._hooks.__exit__(*exc)
         self._peak = max(self._peak, self.alive_bytes())
 
-    def _pack(self, tensor: torch.Tensor):
+    def pack(self, tensor: torch.Tensor):
         storage = tensor.untyped_storage()
         if storage.data_ptr() not in self._exclude and storage.nbytes() > 0 and id(storage) not in self._alive:
             key = id(storage)

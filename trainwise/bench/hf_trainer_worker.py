@@ -96,8 +96,20 @@ def _checkpointing(plan) -> dict:
 
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}
     prefix = "activation" if "activation_checkpointing" in fields else "gradient"
-    return {f"{prefix}_checkpointing": plan.grad_ckpt,
-            f"{prefix}_checkpointing_kwargs": {"use_reentrant": False} if plan.grad_ckpt else None}
+    by_trainer = plan.grad_ckpt and plan.grad_ckpt_policy == "full"  # selective: _selective_by_hand
+    kwargs = {"use_reentrant": False, **({"every_n_layers": plan.grad_ckpt_every} if plan.grad_ckpt_every > 1 else {})}
+    return {f"{prefix}_checkpointing": by_trainer, f"{prefix}_checkpointing_kwargs": kwargs if by_trainer else None}
+
+
+def _selective_by_hand(model, plan) -> None:
+    """Selective checkpointing as a Trainer user writes it: the policy is a function, which
+    TrainingArguments cannot hold (they are serialised to JSON), so the model's own switch is
+    called before the Trainer is built, with the same policy trainwise uses."""
+    if plan.grad_ckpt and plan.grad_ckpt_policy == "selective":
+        from trainwise.step.selective_checkpoint import checkpoint_kwargs
+
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=checkpoint_kwargs("selective"),
+                                              every_n_layers=plan.grad_ckpt_every)
 
 
 def main(argv=None) -> int:
@@ -142,6 +154,7 @@ def run(args) -> None:
         model = apply_float8(model, plan)
     if plan.precision == "bf16-pure":
         model = model.to(torch.bfloat16)
+    _selective_by_hand(model, plan)
     if plan.activation_offload:  # the Trainer has no such switch: the same hooks, installed the same way
         enable_activation_offload(model, largest_module_list(model))
     micro_batches = SyntheticMicroBatches(spec, plan.batch_size, plan.seq_len, args.seed, rank=0, world_size=1,

@@ -8,6 +8,7 @@ from rich.table import Table
 from trainwise.api.estimate import EstimateResult
 from trainwise.cli.render_step_time import render_step_time
 from trainwise.common.units import human_bytes, human_count
+from trainwise.step.checkpointing import describe_checkpointing
 
 # (key in MemoryEstimate, label, where the number comes from)
 PARTS = (
@@ -68,7 +69,7 @@ def _headline(result: EstimateResult) -> str:
     knobs = [f"batch {plan.batch_size} x accum {plan.grad_accum}", f"seq {plan.seq_len}", plan.precision, plan.optim,
              f"attention {plan.attention}"]
     if plan.grad_ckpt:
-        knobs.append("grad-ckpt")
+        knobs.append(describe_checkpointing(plan))
     if plan.lora:
         knobs.append(f"LoRA r={plan.lora_rank}")
     traced = f"; traced {result.traced_text} blocks, extrapolated" if result.traced_blocks else ""

@@ -22,7 +22,8 @@ from trainwise.hardware import Device
 from trainwise.hardware.profile import DeviceProfile
 from trainwise.models import ModelSpec, build_model_with_notes, example_batch
 from trainwise.plan.plan import Plan
-from trainwise.trace.depth import TRACED_BLOCKS, DepthFit, block_count, depth_fit, extrapolate_by_kind, with_blocks
+from trainwise.trace.depth import (TRACED_BLOCKS, DepthFit, block_count, checkpoint_every, depth_fit,
+                                   extrapolate_by_kind, with_blocks)
 from trainwise.trace.step_trace import StepTrace, trace_training_step
 
 
@@ -31,7 +32,7 @@ def one_device_estimate(spec: ModelSpec, plan: Plan, device: Device, reshape=Non
     """The traced one-device estimate; `reshape` changes each built model first (the
     per-rank estimate's tensor-parallel shapes). With a `profile`, also the step time
     (trainwise/estimate/step_time.py; `chunks`: traced passes per micro-step)."""
-    fit = depth_fit(spec.config)
+    fit = depth_fit(spec.config, checkpoint_every(plan))
     if fit is None:
         trace, memory, notes = _trace(spec, plan, device, reshape)
         params, trainable, traced, extrapolation = trace.params, trace.trainable_params, None, None

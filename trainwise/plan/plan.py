@@ -20,6 +20,7 @@ LR_SCHEDULES = ("cosine", "linear", "constant")
 CLASSIC_LAYOUTS = ("none", "data-parallel", "vertical")
 KERNELS = ("none", "liger")
 PACKINGS = ("stream", "documents")
+GRAD_CKPT_POLICIES = ("full", "selective")
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,11 @@ class Plan:
     grad_ckpt: bool = knob(False, "gradient (activation) checkpointing per transformer block")
     activation_offload: bool = knob(False, "move the tensors the transformer blocks save for backward to pinned host "
                                            "memory in forward, back in backward (CUDA; on cpu nothing moves)")
+    grad_ckpt_policy: str = knob("full", "with --grad-ckpt: full recomputes a checkpointed block's whole forward; "
+                                         "selective keeps its matmul and attention outputs and recomputes the rest",
+                                 choices=GRAD_CKPT_POLICIES)
+    grad_ckpt_every: int = knob(1, "with --grad-ckpt: checkpoint every K-th block (0, K, 2K, ...); the others keep "
+                                   "their activations", minimum=1)
     attention: str = knob("sdpa", "attention kernel; auto picks flash where it runs, else sdpa, else eager, "
                                           "and says which", choices=ATTENTIONS)
     loss: str = knob("default", "causal-lm loss: default (the model's own) or fused (the LM head and cross-entropy "

@@ -1,4 +1,9 @@
-"""Gradient (activation) checkpointing: keep only block inputs, recompute the rest in backward."""
+"""Gradient (activation) checkpointing: keep only block inputs, recompute the rest in backward.
+
+Two knobs shape it: the policy (`full` recomputes a checkpointed block's whole forward;
+`selective` keeps its matmul and attention outputs: trainwise/step/selective_checkpoint.py)
+and `every` (checkpoint blocks 0, k, 2k, ... of each stack; the others keep their
+activations, trading memory back for speed)."""
 
 from __future__ import annotations
 
@@ -8,24 +13,58 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from trainwise.common.errors import InputError
+from trainwise.step.selective_checkpoint import checkpoint_kwargs
 
 
-def enable_checkpointing(model: nn.Module) -> nn.Module:
-    """Checkpoint every transformer block, using the model's own switch where it has one
-    (Hugging Face models), else wrapping each block of the largest ModuleList."""
+def enable_checkpointing(model: nn.Module, policy: str = "full", every: int = 1) -> nn.Module:
+    """Checkpoint the transformer blocks, using the model's own switch where it has one
+    (Hugging Face models), else wrapping the blocks of the largest ModuleList."""
     base = getattr(model, "get_base_model", lambda: model)()  # see through a peft wrapper
     if getattr(base, "supports_gradient_checkpointing", False):
         switch = getattr(base, "activation_checkpointing_enable", None) or base.gradient_checkpointing_enable
-        # Non-reentrant checkpointing works with frozen inputs (LoRA) and keeps nothing extra.
-        switch(gradient_checkpointing_kwargs={"use_reentrant": False}) if switch.__name__ == "gradient_checkpointing_enable" \
-            else switch(activation_checkpointing_kwargs={"use_reentrant": False})
+        kwargs = checkpoint_kwargs(policy)
+        switch(gradient_checkpointing_kwargs=kwargs) if switch.__name__ == "gradient_checkpointing_enable" \
+            else switch(activation_checkpointing_kwargs=kwargs)
+        if every > 1:
+            _keep_activations_between(base, every)
         return model
     blocks = largest_module_list(model)
     if blocks is None:
         raise InputError("--grad-ckpt", f"{type(base).__name__} has no repeated blocks to checkpoint")
-    for block in blocks:
-        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+    for index, block in enumerate(blocks):
+        if index % every == 0:
+            wrap_forward(block, policy)
     return model
+
+
+def _keep_activations_between(model: nn.Module, every: int) -> None:
+    """Turn checkpointing off on every block of each stack whose index is not a multiple of
+    `every`, through the per-layer switch transformers' blocks carry (`gradient_checkpointing`
+    of a GradientCheckpointingLayer). Indices count within each stack, as a config cut to
+    fewer blocks keeps the first ones (the estimate traces such cuts)."""
+    stacks = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 0
+              and all(hasattr(block, "gradient_checkpointing") for block in m)]
+    if not stacks:
+        raise InputError("--grad-ckpt-every", f"{type(model).__name__}'s blocks have no per-block checkpointing "
+                                              "switch; use --grad-ckpt-every 1")
+    for stack in stacks:
+        for index, block in enumerate(stack):
+            block.gradient_checkpointing = index % every == 0
+
+
+def describe_checkpointing(plan) -> str:
+    """How a plan checkpoints, for a plan line: "grad-ckpt", "grad-ckpt selective every 2"..."""
+    words = ["grad-ckpt"]
+    if plan.grad_ckpt_policy != "full":
+        words.append(plan.grad_ckpt_policy)
+    if plan.grad_ckpt_every > 1:
+        words.append(f"every {plan.grad_ckpt_every}")
+    return " ".join(words)
+
+
+def wrap_forward(block: nn.Module, policy: str) -> None:
+    """Checkpoint `block`'s forward (not `__call__`, so module hooks stay outside)."""
+    block.forward = functools.partial(checkpoint, block.forward, **checkpoint_kwargs(policy))
 
 
 def largest_module_list(model: nn.Module) -> nn.ModuleList | None:

@@ -40,7 +40,7 @@ def prepare_model(model: nn.Module, plan: Plan, policy: PrecisionPolicy, task: s
     if plan.float8:
         model = apply_float8(model, plan)
     if plan.grad_ckpt:
-        model = enable_checkpointing(model)
+        model = enable_checkpointing(model, plan.grad_ckpt_policy, plan.grad_ckpt_every)
     if plan.activation_offload:
         enable_activation_offload(model, largest_module_list(model))
     if policy.param_dtype != torch.float32:

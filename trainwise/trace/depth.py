@@ -93,14 +93,15 @@ class DepthFit:
         return len(set(self.pattern.kinds[1:])) <= 1
 
 
-def depth_fit(config: PretrainedConfig | None) -> DepthFit | None:
+def depth_fit(config: PretrainedConfig | None, checkpoint_every: int = 1) -> DepthFit | None:
     """The depths to trace and how to read them at full depth; None when the model is
     traced whole (shallow, no repeated blocks, or a pattern whose traces would cost as many
-    blocks as the model has)."""
+    blocks as the model has). `checkpoint_every`: --grad-ckpt-every of a checkpointed plan
+    (1 otherwise), whose checkpointed and kept blocks are read as two layer kinds."""
     blocks = block_count(config)
     if not should_extrapolate(blocks):
         return None
-    pattern = layer_pattern(config, blocks)
+    pattern = layer_pattern(config, blocks, checkpoint_every)
     depths = _separating_depths(pattern, blocks)
     if depths is None or (len(depths) > len(TRACED_BLOCKS) and sum(depths) >= blocks):
         return None
@@ -179,3 +180,9 @@ def _rank(rows: list[tuple[int, ...]]) -> int:
                 matrix[r] = [x - factor * y for x, y in zip(matrix[r], matrix[rank])]
         rank += 1
     return rank
+
+
+def checkpoint_every(plan) -> int:
+    """The block period of a plan's checkpointing: --grad-ckpt-every with --grad-ckpt, else 1
+    (every block alike)."""
+    return plan.grad_ckpt_every if plan.grad_ckpt else 1

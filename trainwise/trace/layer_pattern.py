@@ -57,9 +57,12 @@ class LayerPattern:
         return tuple(seen[kind] for kind in self.distinct)
 
 
-def layer_pattern(config: PretrainedConfig, layers: int) -> LayerPattern:
-    """The kinds of a stack of `layers` layers built from `config`."""
-    parts = [_per_layer_list(config, "layer_types", layers), _mlp_kinds(config, layers)]
+def layer_pattern(config: PretrainedConfig, layers: int, checkpoint_every: int = 1) -> LayerPattern:
+    """The kinds of a stack of `layers` layers built from `config`; with `checkpoint_every`
+    k > 1 (--grad-ckpt-every), blocks 0, k, 2k, ... are checkpointed and the others are not,
+    which makes them differ in memory and work as much as by design."""
+    parts = [_per_layer_list(config, "layer_types", layers), _mlp_kinds(config, layers),
+             ["checkpointed" if i % checkpoint_every == 0 else "kept" for i in range(layers)]]
     parts = [part for part in parts if part is not None and len(set(part)) > 1]
     if not parts:
         return LayerPattern((UNIFORM_KIND,) * layers)

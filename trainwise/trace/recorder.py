@@ -173,10 +173,15 @@ class AllocationRecorder(TorchDispatchMode):
             self._event(FREE, key)
 
     def _on_save(self, tensor: torch.Tensor):
+        self.mark_saved(tensor)
+        return tensor
+
+    def mark_saved(self, tensor: torch.Tensor) -> None:
+        """Note `tensor`'s storage as kept for backward in this phase (autograd's hook, and
+        the outputs selective checkpointing keeps: trainwise/step/selective_checkpoint.py)."""
         key = self.track(tensor, op="saved")
         if key is not None:
             self.records[key].saved_in.add(self.phase)
-        return tensor
 
 
 _SCALAR_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)

@@ -13,6 +13,7 @@ from trainwise.plan.plan import Plan
 from trainwise.step import build_optimizer, compute_loss, precision_policy
 from trainwise.step.activation_offload import OFFLOADED_OP, OFFLOADER_ATTRIBUTE
 from trainwise.step.precision import PrecisionPolicy
+from trainwise.step.selective_checkpoint import observe_kept
 from trainwise.trace.autocast_policy import autocast_for_target, cuda_autocast_kernels
 from trainwise.trace.blocks import BlockTracker
 from trainwise.trace.cuda_kernels import cuda_kernel_choices
@@ -156,7 +157,7 @@ def _run_step(model, optimizer, batch_fn, plan: Plan, policy: PrecisionPolicy, r
             enter("data")
             batch = batch_fn()
             enter("forward")
-            with autocast_for_target(policy, target_device_type):
+            with autocast_for_target(policy, target_device_type), observe_kept(recorder.mark_saved):
                 loss = compute_loss(model, batch) / plan.grad_accum
             enter("backward")
             (loss * loss_scale if loss_scale else loss).backward()
