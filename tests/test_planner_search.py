@@ -203,7 +203,7 @@ def test_narrow_techniques_are_composed_around_the_confirmed_plans_and_kept_when
     best = refined.ranked[0]
     assert best.plan.loss == "fused" and not best.plan.grad_ckpt and best.exact
     assert best.tokens_per_s > result.ranked[0].tokens_per_s and best.memory_bytes <= 17.5 * GIB * 0.95
-    assert any("activation offload not searched" in note for note in refined.notes)
+    assert any(note.startswith("activation offload not") for note in refined.notes)  # refused or not useful
     fixed = space_for({"loss": "default"})
     kept = refine(search(fixed, H100, Counting(with_fused_loss), capacity_bytes=17.5 * GIB, top=3), fixed, H100,
                   Counting(with_fused_loss), top=3)

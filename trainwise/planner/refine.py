@@ -1,14 +1,16 @@
 """After the screen: the techniques whose effect is narrow, composed from a few exact
 estimates instead of traced across the whole screen.
 
-The fused loss and activation offload change memory and time in a few places (the logits,
-the saved activations). Tracing each across the whole screen would multiply its cost, so
+The fused loss, selective checkpointing, checkpointing every other block and activation
+offload change memory and time in a few places (the logits, what a checkpoint keeps, the
+saved activations). Tracing each across the whole screen would multiply its cost, so
 each is measured exactly on the best plan of each checkpointing choice (whether the blocks
 keep their activations decides what offload can move): the memory it frees
 per sample of the micro-batch and the factor it puts on the step time. Those are applied
 to every screened plan of that checkpointing choice (a plan that did not fit may fit
 now); the refined plans predicted to enter the top K are confirmed exactly, as the screen's
-are. Neither technique changes the training math beyond float rounding."""
+are. The refinements apply one after another, so a later one also tries the plans an
+earlier one made the best. None changes the training math beyond float rounding."""
 
 from __future__ import annotations
 
@@ -25,11 +27,13 @@ from trainwise.plan.plan import Plan
 
 @dataclass(frozen=True)
 class Refinement:
-    """One technique: its name in notes, the knob changes, and when it applies to a plan."""
+    """One technique: its name in notes, the knob changes, when it applies to a plan, and
+    whether it is worth trying given the best plan so far (`useful`)."""
 
     name: str
     changes: dict
     applies: Callable[[Plan], bool]
+    useful: Callable[[Plan], bool] = lambda best: True
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,14 @@ class Effect:
 
 REFINEMENTS = (
     Refinement("fused loss", {"loss": "fused"}, lambda p: p.loss == "default"),
-    Refinement("activation offload", {"activation_offload": True}, lambda p: not p.activation_offload),
+    # Checkpointing less, or moving what it keeps, can only beat a best plan that checkpoints:
+    # against one that does not, each adds recomputation or copies for memory it does not need.
+    Refinement("selective checkpointing", {"grad_ckpt_policy": "selective"},
+               lambda p: p.grad_ckpt and p.grad_ckpt_policy == "full", lambda best: best.grad_ckpt),
+    Refinement("checkpointing every 2nd block", {"grad_ckpt_every": 2},
+               lambda p: p.grad_ckpt and p.grad_ckpt_every == 1, lambda best: best.grad_ckpt),
+    Refinement("activation offload", {"activation_offload": True}, lambda p: not p.activation_offload,
+               lambda best: best.grad_ckpt),
 )
 
 
@@ -59,6 +70,9 @@ def refine(result: SearchResult, space: Space, device: Device, evaluator: Evalua
         return result
     ranked, screened, evaluations, notes = list(result.ranked), list(result.screened), 0, list(result.notes)
     for refinement in refinements_for(space):
+        if not refinement.useful(ranked[0].plan):
+            notes.append(f"{refinement.name} not tried: the best plan does not checkpoint")
+            continue
         effects, measured, refusal = _effects(refinement, ranked, screened, device, evaluator)
         evaluations += len(measured) + (refusal is not None)
         if refusal is not None:
@@ -66,9 +80,10 @@ def refine(result: SearchResult, space: Space, device: Device, evaluator: Evalua
             continue
         composed = [_refined(c, refinement, effects[c.plan.grad_ckpt]) for c in screened
                     if refinement.applies(c.plan) and c.plan.grad_ckpt in effects]
-        worst = ranked[-1] if len(ranked) >= top else None
-        hopeful = [c for c in composed if worst is None or rank_key(c, True) < rank_key(worst, True)]
-        confirmed, count = confirm(hopeful, device, evaluator, result.usable_bytes, True, top)
+        # Only a refined plan predicted to beat the best is confirmed (the exact estimates are
+        # what the search time is made of); the effects' own exact plans join the ranking as they are.
+        hopeful = [c for c in composed if rank_key(c, True) < rank_key(ranked[0], True)]
+        confirmed, count = confirm(hopeful, device, evaluator, result.usable_bytes, True, 1)
         evaluations += count
         screened += composed
         ranked = sorted({c.plan: c for c in ranked + measured + confirmed if fits(c, result.usable_bytes)}.values(),
@@ -83,22 +98,21 @@ def refine(result: SearchResult, space: Space, device: Device, evaluator: Evalua
 def _effects(refinement: Refinement, ranked: list[Candidate], screened: list[Candidate], device: Device,
              evaluator: Evaluator):
     """({grad_ckpt: Effect}, the exact candidates made, a refusal message or None). The base
-    of each checkpointing choice is its best confirmed plan, else its best screened one
-    (estimated exactly first: an effect is measured between two exact estimates)."""
+    of each checkpointing choice is its best confirmed plan, else its best screened one."""
     effects, made = {}, []
     for grad_ckpt in dict.fromkeys(c.plan.grad_ckpt for c in ranked + screened):
         pool = [c for c in ranked if c.plan.grad_ckpt == grad_ckpt and refinement.applies(c.plan)] or \
-            sorted((c for c in screened if c.plan.grad_ckpt == grad_ckpt and refinement.applies(c.plan)),
-                   key=lambda c: rank_key(c, True))
+            sorted((c for c in screened if c.plan.grad_ckpt == grad_ckpt and refinement.applies(c.plan)
+                    and fits(c, None)), key=lambda c: rank_key(c, True))
         if not pool:
             continue
+        base = pool[0]  # exact when confirmed, else composed (the confirmation corrects what that misses)
         try:
-            base = pool[0] if pool[0].exact else candidate_of(pool[0].plan, evaluator(pool[0].plan), device, exact=True)
             plan = base.plan.replace(**refinement.changes)
             exact = candidate_of(plan, evaluator(plan), device, exact=True)
         except InputError as refused:
             return {}, made, refused.message
-        made += ([] if base is pool[0] else [base]) + [exact]
+        made.append(exact)
         effects[grad_ckpt] = Effect((base.memory_bytes - exact.memory_bytes) / base.plan.batch_size,
                                     exact.step_s / base.step_s)
     return effects, made, None
