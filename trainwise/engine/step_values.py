@@ -42,8 +42,10 @@ def read_outcomes(outcomes: list[StepOutcome]) -> list[StepValues]:
             else:
                 rows[index][column] = value
     for tensors in by_device.values():
-        # float64 holds every float32/bf16/fp16 value and a bool exactly.
-        numbers = torch.stack([t.detach().reshape(()).double() for _, _, t in tensors]).tolist()
+        # float64 holds every float32/bf16/fp16 value and a bool exactly. One copy to the
+        # host; the numbers are then taken from host memory.
+        host = torch.stack([t.detach().reshape(()).double() for _, _, t in tensors]).cpu()
+        numbers = [float(number) for number in host]
         for (index, column, _), number in zip(tensors, numbers):
             rows[index][column] = number
     return [_values(outcome, row) for outcome, row in zip(outcomes, rows)]
