@@ -3,6 +3,7 @@ loss, gradient norm, skip flag and fp16 scale stay device tensors until the run 
 evaluates, saves, stops or ends, and are then read together (docs/train.md, "Reading the
 device")."""
 
+import json
 import math
 import traceback
 from pathlib import Path
@@ -148,3 +149,17 @@ def test_cuda_steps_issue_no_device_to_host_sync():
         torch.cuda.set_sync_debug_mode("default")
     values = read_outcomes(outcomes)
     assert all(v.loss == v.loss and v.grad_norm is not None and not v.skipped for v in values)
+
+
+@pytest.mark.slow
+def test_logging_every_fifth_step_logs_the_same_losses_as_logging_every_step(tmp_path):
+    """Reading lazily changes when values are read, never what was trained."""
+    lines = {}
+    for every in (1, 5):
+        metrics = tmp_path / f"every-{every}.jsonl"
+        train("tiny-llama", plan=Plan(device="cpu", batch_size=1, seq_len=16, max_grad_norm=1.0),
+              run=RunConfig(steps=20, log_every=every, metrics=str(metrics), data="synthetic", seed=3))
+        records = [json.loads(line) for line in metrics.read_text().splitlines()]
+        lines[every] = {r["step"]: (r["loss"], r["grad_norm"]) for r in records if "step" in r}
+    assert sorted(lines[5]) == [5, 10, 15, 20]
+    assert {step: lines[1][step] for step in lines[5]} == lines[5]

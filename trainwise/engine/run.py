@@ -117,25 +117,18 @@ def _run(setup: TrainingSetup, data, plan: Plan, run: RunConfig, flops_per_step:
     for step in range(started, run.steps):
         probe.step_begin(step, _live_tensors(setup))
         pending.add(step, training_step(setup, batches, plan, skip_non_finite=run.on_nan == "skip"))
-        stop_signal = stops.requested() if step + 1 < run.steps else None
-        read_now = _is_read_point(step, run, stop_signal)
+        read_now = _is_read_point(step, run)
         # End to end: a step's time includes data loading, as a user's wall clock does (and
         # as bench times the Trainer baseline). A window closes with a device sync.
         if read_now or setup.device.type == "cpu" or step + 1 == accounts.first_timed:
             accounts.record_times(pending.close_window())
         probe.step_end(step)
-        if not read_now:
-            if on_step:
-                on_step(StepLog(step + 1, run.steps, None, peak_allocated=None, eval_loss=eval_loss,
-                                **accounts.timing(step)))
-            pending.restart_clock()
-            continue
-        values = accounts.read(pending.read(), batches.consumed, plan, run)
-        if run.eval_every and (step + 1) % run.eval_every == 0:
+        values = accounts.read(pending.read(), batches.consumed, plan, run) if read_now else None
+        if read_now and run.eval_every and (step + 1) % run.eval_every == 0:
             eval_loss = evaluate(setup.model, eval_batches, setup.device, run.eval_precision,
                                  setup.policy.autocast_dtype)
-        entry = StepLog(step + 1, run.steps, values, peak_allocated=probe.snapshot().peak_allocated,
-                        eval_loss=eval_loss, **accounts.timing(step))
+        entry = StepLog(step + 1, run.steps, values, peak_allocated=probe.snapshot().peak_allocated if read_now
+                        else None, eval_loss=eval_loss, **accounts.timing(step))
         if (step + 1) % run.log_every == 0 or step + 1 == run.steps:
             log.step(_metrics_line(entry))
         if on_step:
@@ -143,7 +136,11 @@ def _run(setup: TrainingSetup, data, plan: Plan, run: RunConfig, flops_per_step:
         if _saves_at(step, run):
             checkpoint = _save(run, accounts.state, setup, plan)
         pending.restart_clock()
+        stop_signal = stops.requested() if step + 1 < run.steps else None
         if stop_signal:
+            if not read_now:  # the state a stop saves needs the steps' values
+                accounts.record_times(pending.close_window())
+                accounts.read(pending.read(), batches.consumed, plan, run)
             break
     total_time = time.perf_counter() - run_started
     state = accounts.state
@@ -166,11 +163,12 @@ def _step_timer(setup: TrainingSetup, data, plan: Plan, flops_per_step: int | No
                      flops_per_step=flops_per_step, peak_flops=peak_flops)
 
 
-def _is_read_point(step: int, run: RunConfig, stop_signal: int | None) -> bool:
+def _is_read_point(step: int, run: RunConfig) -> bool:
     """Whether the loop reads the steps' values after `step` (counted from 0): to log,
-    evaluate, save, finish or stop. Between read points nothing waits for the device."""
+    evaluate, save or finish (and on a stop signal). Between read points nothing waits
+    for the device."""
     done = step + 1
-    return (done % run.log_every == 0 or done == run.steps or bool(stop_signal) or _saves_at(step, run)
+    return (done % run.log_every == 0 or done == run.steps or _saves_at(step, run)
             or bool(run.eval_every and done % run.eval_every == 0))
 
 
