@@ -40,7 +40,7 @@ def _batches(spec, start=0):
 
 
 def _train(setup, plan, batches, steps):
-    return [training_step(setup, batches, plan, skip_non_finite=False).loss for _ in range(steps)]
+    return [training_step(setup, batches, plan, skip_non_finite=False).loss.item() for _ in range(steps)]
 
 
 def _save(path, setup, step, plan=None, keep=2):

@@ -31,6 +31,7 @@ class StepProgress:
         self.console, self.total = console, total_steps
         self.live = console.is_terminal and sys.stdout.isatty()
         self.every = max(1, total_steps // 10)
+        self._next_print = self.every  # the first step read at or after it is printed
         self._progress = None
         self._task = None
 
@@ -48,17 +49,24 @@ class StepProgress:
             self._progress.__exit__(*exc)
 
     def __call__(self, entry: StepLog) -> None:
+        if entry.outcome is None:  # a step whose values the run has not read yet (--log-every)
+            if self._progress:
+                self._progress.update(self._task, completed=entry.step)
+            return
         text = step_text(entry)
         if self._progress:
             self._progress.update(self._task, completed=entry.step, stats=text)
-        elif entry.step % self.every == 0 or entry.step == entry.total_steps:
+        elif entry.step >= self._next_print or entry.step == entry.total_steps:
             self.console.print(f"step {entry.step}/{entry.total_steps}  {text}", highlight=False)
+            self._next_print = (entry.step // self.every + 1) * self.every
 
 
 def step_text(entry: StepLog) -> str:
     """loss, throughput (measured this step), MFU and peak memory so far."""
     outcome = entry.outcome
-    parts = [f"loss {outcome.loss:.4f}", f"{entry.tokens_per_s:,.0f} tok/s", f"{entry.samples_per_s:,.1f} samples/s"]
+    parts = [f"loss {outcome.loss:.4f}"]
+    if entry.tokens_per_s is not None:  # None on a GPU until the step's timing window closes
+        parts += [f"{entry.tokens_per_s:,.0f} tok/s", f"{entry.samples_per_s:,.1f} samples/s"]
     parts.append(f"MFU {100 * entry.mfu:.1f} %" if entry.mfu is not None else "MFU n/a")
     if entry.peak_allocated is not None:
         parts.append(f"peak {human_bytes(entry.peak_allocated)}")

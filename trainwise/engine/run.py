@@ -1,14 +1,15 @@
 """The training run: steps, logging, evaluation, checkpoints and the final summary.
 
 One optimizer step is `train_step.training_step`; this file drives it: resume from the
-latest good checkpoint, feed micro-batches from the data position, time each step with a
-device sync, measure memory, write the metrics file, save and export atomically. A stop
+latest good checkpoint, feed micro-batches from the data position, measure time and
+memory, write the metrics file, save and export atomically. Steps' values stay on the
+device until a read point (a logged, evaluated or saved step, the last one, a stop:
+engine/pending_steps.py), so the steps between them never wait for the device. A stop
 signal (engine/preemption.py) ends the run after the current step with a checkpoint."""
 
 from __future__ import annotations
 
 import itertools
-import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -24,15 +25,16 @@ from trainwise.engine.checkpoint_manifest import DamagedCheckpoint
 from trainwise.engine.compile_cache import compile_cache_dir, compile_events
 from trainwise.engine.evaluate import evaluate
 from trainwise.engine.export import export_final
-from trainwise.engine.faults import MAX_CONSECUTIVE_SCALER_SKIPS, NonFiniteLoss, diagnose_non_finite
 from trainwise.engine.memory_probe import MemoryProbe
 from trainwise.engine.metrics import MetricsLog, StepTimer
 from trainwise.engine.reports import open_reports
 from trainwise.engine.preemption import Preempted, StopSignals
 from trainwise.engine.run_config import RunConfig
-from trainwise.engine.runtime import synchronize
+from trainwise.engine.pending_steps import PendingSteps
+from trainwise.engine.step_accounts import StepAccounts
 from trainwise.engine.setup import TrainingSetup
-from trainwise.engine.train_step import StepOutcome, training_step
+from trainwise.engine.step_values import StepValues
+from trainwise.engine.train_step import training_step
 from trainwise.common.errors import InputError, WriteFailed, first_line
 from trainwise.plan.plan import Plan
 from trainwise.step.fused_loss_model import loss_implementation
@@ -40,14 +42,18 @@ from trainwise.step.fused_loss_model import loss_implementation
 
 @dataclass(frozen=True)
 class StepLog:
-    """What the progress display gets after each step (throughputs are per-step, measured)."""
+    """What the progress display gets after each step. The loop reads the device only at
+    read points (a logged, evaluated or saved step, the last one, a stop): elsewhere
+    `outcome` and `peak_allocated` are None, and so are the times and rates until the
+    step's timing window has closed (every step on a CPU; on a GPU at read points and at
+    the end of the warm-up, each step getting its window's mean: measured)."""
 
     step: int  # steps completed
     total_steps: int
-    outcome: StepOutcome
-    step_time_s: float
-    samples_per_s: float
-    tokens_per_s: float
+    outcome: StepValues | None
+    step_time_s: float | None
+    samples_per_s: float | None
+    tokens_per_s: float | None
     mfu: float | None
     peak_allocated: int | None
     eval_loss: float | None = None
@@ -108,45 +114,44 @@ def _run(setup: TrainingSetup, data, plan: Plan, run: RunConfig, flops_per_step:
     timer = _step_timer(setup, data, plan, flops_per_step, peak_flops)
     log = _metrics_log(run, plan, started)
     probe.reset()
-    consecutive_skips, outcome, eval_loss, checkpoint, stop_signal = 0, None, None, None, None
-    run_started, _ = previous = _clocks()
+    accounts = StepAccounts(state, timer, first_timed=started + warmup,
+                            untimed={probe_step} if setup.device.type == "cpu" else set())
+    pending, eval_loss, checkpoint, stop_signal = PendingSteps(setup.device), None, None, None
+    run_started = time.perf_counter()
     for step in range(started, run.steps):
         probe.step_begin(step, _live_tensors(setup))
-        compiles_before = compile_events()
-        outcome = training_step(setup, batches, plan, skip_non_finite=run.on_nan == "skip")
-        synchronize(setup.device)
-        # End to end: a step's time includes data loading and the previous step's logging,
-        # as a user's wall clock does (and as bench times the Trainer baseline).
-        elapsed, cpu_s = (now - before for now, before in zip(_clocks(), previous))
+        outcome, compiled = _one_step(setup, batches, plan, run)
+        pending.add(step, outcome)
+        read_now = _is_read_point(step, run)
+        accounts.note_compiled(step, compiled)
+        # End to end: a step's time includes data loading, as a user's wall clock does (and
+        # as bench times the Trainer baseline). A window closes with a device sync.
+        if read_now or compiled or setup.device.type == "cpu" or step + 1 == accounts.first_timed:
+            accounts.record_times(pending.close_window())
         probe.step_end(step)
-        timed = step >= started + warmup and not (setup.device.type == "cpu" and step == probe_step)
-        compiled = compile_events() > compiles_before
-        timer.record(elapsed, timed=timed, compiled=compiled)
-        consecutive_skips = _check_finite(outcome, step, plan, run, consecutive_skips)
-        state = TrainingState(step=step + 1, micro_batches_consumed=batches.consumed,
-                              skipped_steps=state.skipped_steps + int(outcome.skipped),
-                              extra={"elapsed_s": state.extra.get("elapsed_s", 0.0) + elapsed,
-                                     "last_loss": outcome.loss})
-        if run.eval_every and (step + 1) % run.eval_every == 0:
+        values = accounts.read(pending.read(), batches.consumed, plan, run) if read_now else None
+        if read_now and run.eval_every and (step + 1) % run.eval_every == 0:
             eval_loss = evaluate(setup.model, eval_batches, setup.device, run.eval_precision,
                                  setup.policy.autocast_dtype)
-        memory = probe.snapshot()
-        entry = StepLog(step + 1, run.steps, outcome, elapsed, timer.samples_per_step / elapsed,
-                        timer.tokens_per_step / elapsed,
-                        timer.mfu_for(elapsed), memory.peak_allocated, eval_loss, cpu_s, compiled)
+        entry = StepLog(step + 1, run.steps, values, peak_allocated=probe.snapshot().peak_allocated if read_now
+                        else None, eval_loss=eval_loss, compiled=compiled, **accounts.timing(step))
         if (step + 1) % run.log_every == 0 or step + 1 == run.steps:
             log.step(_metrics_line(entry))
         if on_step:
             on_step(entry)
-        if run.output and run.save_every and (step + 1) % run.save_every == 0 and step + 1 < run.steps:
-            checkpoint = _save(run, state, setup, plan)
-        previous = _clocks()
+        if _saves_at(step, run):
+            checkpoint = _save(run, accounts.state, setup, plan)
+        pending.restart_clock()
         stop_signal = stops.requested() if step + 1 < run.steps else None
         if stop_signal:
+            if not read_now:  # the state a stop saves needs the steps' values
+                accounts.record_times(pending.close_window())
+                accounts.read(pending.read(), batches.consumed, plan, run)
             break
     total_time = time.perf_counter() - run_started
+    state = accounts.state
     checkpoint, exports = _final_save(run, setup, plan, state, started, checkpoint, stop_signal)
-    final_loss = outcome.loss if outcome else state.extra.get("last_loss")
+    final_loss = accounts.last.loss if accounts.last else state.extra.get("last_loss")
     summary = _summary({**timer.summary(total_time), "compile_cache": compile_cache_dir() if plan.compile else None},
                        probe.snapshot(), final_loss, state, started, eval_loss, stop_signal,
                        loss_implementation(setup.model) if plan.loss == "fused" else None)
@@ -179,9 +184,24 @@ def default_timing_warmup(plan: Plan) -> int:
     return 2 if plan.compile and plan.compile_mode != "default" else 1
 
 
-def _clocks() -> tuple[float, float]:
-    """(wall seconds, this process's CPU seconds): a step's time is the difference of two."""
-    return time.perf_counter(), time.process_time()
+def _is_read_point(step: int, run: RunConfig) -> bool:
+    """Whether the loop reads the steps' values after `step` (counted from 0): to log,
+    evaluate, save or finish (and on a stop signal). Between read points nothing waits
+    for the device."""
+    done = step + 1
+    return (done % run.log_every == 0 or done == run.steps or _saves_at(step, run)
+            or bool(run.eval_every and done % run.eval_every == 0))
+
+
+def _saves_at(step: int, run: RunConfig) -> bool:
+    return bool(run.output and run.save_every and (step + 1) % run.save_every == 0 and step + 1 < run.steps)
+
+
+def _one_step(setup: TrainingSetup, batches, plan: Plan, run: RunConfig):
+    """(the step's outcome, still on the device; whether torch.compile compiled during it)."""
+    compiles_before = compile_events()
+    outcome = training_step(setup, batches, plan, skip_non_finite=run.on_nan == "skip")
+    return outcome, compile_events() > compiles_before
 
 
 def _final_save(run: RunConfig, setup: TrainingSetup, plan: Plan, state: TrainingState, started: int,
@@ -268,17 +288,6 @@ def _choose_checkpoint(output) -> tuple[str | None, str | None, str | None]:
     passed_over = "; ".join(f"{bad.file} is damaged ({bad.reason})" for bad in damaged)
     warning = f"{passed_over}; resuming from the previous intact checkpoint {path}" if damaged else None
     return str(path), warning, None
-
-
-def _check_finite(outcome: StepOutcome, step: int, plan: Plan, run: RunConfig, consecutive_skips: int) -> int:
-    """Stop on a non-finite loss unless told to skip; count fp16 overflow runs."""
-    finite = math.isfinite(outcome.loss)
-    if not finite and plan.precision != "fp16" and run.on_nan == "stop":
-        raise NonFiniteLoss(step + 1, outcome.loss, diagnose_non_finite(plan))
-    consecutive_skips = consecutive_skips + 1 if outcome.skipped else 0
-    if consecutive_skips >= MAX_CONSECUTIVE_SCALER_SKIPS and run.on_nan == "stop":
-        raise NonFiniteLoss(step + 1, outcome.loss, diagnose_non_finite(plan, persistent_fp16=True))
-    return consecutive_skips
 
 
 def _save(run: RunConfig, state: TrainingState, setup: TrainingSetup, plan: Plan) -> Path:

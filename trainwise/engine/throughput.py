@@ -7,7 +7,9 @@ from trainwise.engine.flops import mfu
 
 class StepTimer:
     """Optimizer-step durations in seconds, as the loop measured them (after a device
-    synchronisation, so queued GPU work is included).
+    synchronisation, so queued GPU work is included; on a GPU the loop synchronises only
+    at read points and at the end of the warm-up, and each step of such a window is
+    recorded with the window's mean: engine/pending_steps.py).
 
     Steps recorded with `timed=False` (the warm-up steps, where allocator growth happens,
     and the CPU memory-probe step, which runs under the profiler) count in the run's total

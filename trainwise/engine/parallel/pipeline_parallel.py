@@ -61,10 +61,16 @@ class PipelineRunner:
                 grad = weight.grad = torch.zeros_like(weight)
             all_reduce_in_place(grad.to_local() if isinstance(grad, DTensor) else grad, self._tied_group)
 
-    def step(self, batch: dict) -> torch.Tensor | None:
-        mask = batch.get("attention_mask")
+    @staticmethod
+    def check_batch(host_batch: dict) -> None:
+        """Refuse a padded micro-batch. Called on the loader's host copy, before it moves
+        to the device: reading a device mask would wait for the device every micro-batch."""
+        mask = host_batch.get("attention_mask")
         if mask is not None and not bool(mask.all()):
             raise InputError("--pp", "pipeline parallel trains packed sequences without padding; this batch pads")
+
+    def step(self, batch: dict) -> torch.Tensor | None:
+        """Forward and backward of one micro-batch (already checked by `check_batch`)."""
         losses: list = []
         self._schedule.step(batch["input_ids"], target=batch["labels"], losses=losses)
         if not self.is_last:

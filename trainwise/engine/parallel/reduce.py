@@ -8,8 +8,6 @@ stage's own, whose squares are summed over the pipeline ranks."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
@@ -22,17 +20,19 @@ def plain_loss(loss: torch.Tensor) -> torch.Tensor:
     return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
 
-def mean_loss(local: torch.Tensor | None, distributed: Distributed) -> float:
+def mean_loss(local: torch.Tensor | None, distributed: Distributed) -> torch.Tensor:
     """The step's loss averaged over the ranks that computed one (pipeline ranks other
-    than the last have none; tensor-parallel peers hold the same value)."""
+    than the last have none; tensor-parallel peers hold the same value): a 0-dim float64
+    tensor on the collective device, NaN when no rank had a loss. Not read here: an
+    all-reduce is queued on the device, reading its result would wait for it."""
     device = _collective_device()
     if local is None:
         pair = torch.zeros(2, device=device)
     else:  # (loss, 1) on the collective device: the loss may sit on another (a GPU under gloo)
         pair = torch.stack([local.detach().float().reshape(()).to(device), torch.ones((), device=device)])
     dist.all_reduce(pair)
-    total, count = pair.tolist()
-    return total / count if count else math.nan
+    total, count = pair.double().unbind()
+    return total / count  # 0 / 0 is NaN, as when no rank had a loss
 
 
 def all_reduce_in_place(tensor: torch.Tensor, group) -> None:
@@ -48,30 +48,32 @@ def all_reduce_in_place(tensor: torch.Tensor, group) -> None:
 
 
 def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float, distributed: Distributed,
-                   counted_elsewhere: tuple = ()) -> float:
+                   counted_elsewhere: tuple = ()) -> torch.Tensor:
     """Scale every gradient so that the global norm is at most `max_norm`; return the
-    global norm before clipping (the same number on every rank). `counted_elsewhere`:
-    parameters whose gradient another rank holds too and counts (a tied weight's copy)."""
+    global norm before clipping (the same number on every rank) as a 0-dim float64 tensor
+    on the collective device. The scale is applied as a device tensor, so nothing is read
+    back. `counted_elsewhere`: parameters whose gradient another rank holds too and counts
+    (a tied weight's copy)."""
     grads = [p.grad for p in parameters if p.grad is not None]
     skip = {id(p) for p in counted_elsewhere}
-    squares = torch.zeros((), dtype=torch.float64)
+    device = _collective_device()
+    squares = torch.zeros((), dtype=torch.float64, device=device)
     for group in _groups([p.grad for p in parameters if p.grad is not None and id(p) not in skip]):
         if distributed.layout.cpu_offload and isinstance(group[0], DTensor):
-            squares += _offloaded_squares(group, distributed)
+            squares = squares + _offloaded_squares(group, distributed).to(device)
             continue
         norm = torch.nn.utils.get_total_norm(group, norm_type=2.0, foreach=True)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
-        squares += norm.double().cpu() ** 2
+        squares = squares + norm.double().to(device) ** 2
     if distributed.layout.pp > 1:
         # Each stage holds different parameters: their squares add up.
-        squares = squares.to(_collective_device())
         dist.all_reduce(squares, group=distributed.submesh("pp").get_group())
-    total = math.sqrt(float(squares))
-    coefficient = max_norm / (total + 1e-6)
-    if coefficient < 1.0:
-        for group in _groups(grads):
-            torch._foreach_mul_(group, coefficient)
+    total = squares.sqrt()
+    coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for group in _groups(grads):
+        local = [g.to_local() if isinstance(g, DTensor) else g for g in group]  # element-wise: shards scale alike
+        torch._foreach_mul_(local, coefficient.to(local[0].device, torch.float32))
     return total
 
 
@@ -85,7 +87,7 @@ def _offloaded_squares(group: list[DTensor], distributed: Distributed) -> torch.
     for dim, placement in enumerate(group[0].placements):
         if placement.is_shard() and mesh.size(dim) > 1:
             dist.all_reduce(squares, group=mesh.get_group(dim))
-    return squares.cpu()
+    return squares
 
 
 def _groups(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
