@@ -71,3 +71,16 @@ def test_the_flags_line_reads_back_as_the_same_plan():
     words = shlex.split(train_flags(PLAN, "tiny-llama"))[1:]
     args = build_parser().parse_args(words + ["--device", "H100"])
     assert plan_from_args(args) == PLAN
+
+
+def test_engine_techniques_no_launcher_holds_are_named_with_what_to_do():
+    plan = PLAN.replace(loss="fused", grad_ckpt_policy="selective", grad_ckpt_every=2, activation_offload=True,
+                        packing="documents", compile=True)
+    text, missing = emit(plan, "trainer", "m")
+    assert "use_liger_kernel" not in json.loads(text)
+    for words in ("fused loss", "selective checkpointing", "checkpointing every 2 blocks", "activation offload",
+                  "packing documents", "compile per block"):
+        assert any(m.startswith(words) for m in missing), words
+    liger, missing = emit(PLAN.replace(kernels="liger", loss="fused"), "trainer", "m")
+    assert json.loads(liger)["use_liger_kernel"] is True
+    assert not any(m.startswith("fused loss") for m in missing)  # Liger's fused loss comes with its kernels

@@ -48,6 +48,33 @@ def _model_side(plan: Plan) -> list[str]:
                        f"lora_alpha={plan.lora_alpha})")
     if plan.precision == "bf16-pure":
         missing.append("bf16-pure: load the model with torch_dtype=torch.bfloat16 (no fp32 master weights)")
+    return missing + _engine_techniques(plan)
+
+
+def _engine_techniques(plan: Plan) -> list[str]:
+    """The engine techniques no launcher config holds: what to do by hand for each."""
+    missing = []
+    if plan.loss == "fused" and plan.kernels != "liger":
+        missing.append("fused loss: no launcher setting; liger-kernel's fused linear cross-entropy does the same "
+                       "(use_liger_kernel=True in the Trainer)")
+    if plan.kernels == "liger":
+        missing.append("liger kernels: apply_liger_kernel_to_<family>(model=model) from liger_kernel.transformers "
+                       "(the Trainer: use_liger_kernel=True)")
+    if plan.float8:
+        missing.append("float8: torchao.float8.convert_to_float8_training(model) before torch.compile")
+    if plan.grad_ckpt and plan.grad_ckpt_policy == "selective":
+        missing.append("selective checkpointing: gradient_checkpointing_kwargs={'use_reentrant': False, "
+                       "'context_fn': a torch.utils.checkpoint.create_selective_checkpoint_contexts policy}")
+    if plan.grad_ckpt and plan.grad_ckpt_every > 1:
+        missing.append(f"checkpointing every {plan.grad_ckpt_every} blocks: set gradient_checkpointing=False on "
+                       "the other decoder layers after enabling it")
+    if plan.activation_offload:
+        missing.append("activation offload: run forward under torch.autograd.graph.save_on_cpu(pin_memory=True)")
+    if plan.packing == "documents":
+        missing.append("packing documents: per-document position_ids and no attention_mask "
+                       "(DataCollatorWithFlattening), use_cache=False")
+    if plan.compile and plan.compile_scope == "blocks":
+        missing.append("compile per block: call .compile() on each decoder layer instead of torch_compile")
     return missing
 
 
@@ -72,6 +99,8 @@ def trainer_arguments(plan: Plan, model: str) -> tuple[str, list[str]]:
             "dataloader_pin_memory": plan.pin_memory}
     if plan.compile:
         args["torch_compile_mode"] = plan.compile_mode
+    if plan.kernels == "liger":
+        args["use_liger_kernel"] = True
     if plan.zero in (2, 3):
         args["fsdp"] = ("full_shard" if plan.zero == 3 else "shard_grad_op") + (" offload" if plan.cpu_offload else "")
     elif plan.zero == 1:
