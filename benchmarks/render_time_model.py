@@ -67,8 +67,12 @@ def render(rows: list[dict], summary: dict, verdict: str, warnings: list[str], a
                       f"{profile.measured.get('seconds', '?')} s):", "",
                   "| rate | throughput (measured) | fixed cost per op (measured) |", "| --- | ---: | ---: |"]
         lines += [f"| {what} | {rate} | {fixed} |" for what, rate, fixed in rate_rows(profile)]
-        lines += ["", f"A training step's arithmetic vs the rates above (measured): x {profile.step_compute_factor:.2f}, "
-                      f"and its work other than matmuls x {profile.step_non_matmul_factor:.2f} more; "
-                      f"host time per op in a training step (measured): {1e6 * profile.host_s_per_op:.1f} µs "
+        recomputed = profile.host_s_per_recomputed_op
+        lines += ["", f"A training step vs the rates above (measured): matmuls and attention x "
+                      f"{profile.step_compute_factor * profile.step_contraction_factor:.2f}, other work but the "
+                      f"optimizer (its own measured rate) x {profile.step_compute_factor * profile.step_non_matmul_factor:.2f}; "
+                      + (f"host time of an op recomputed by checkpointing: {1e6 * recomputed:.1f} µs; "
+                         if recomputed is not None else "")
+                      + f"host time per op in a training step (measured): {1e6 * profile.host_s_per_op:.1f} µs "
                       f"(a bare dispatch: {1e6 * profile.measured.get('host_dispatch_s_per_op', 0):.1f} µs)."]
     return "\n".join(lines) + "\n"

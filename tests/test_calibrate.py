@@ -21,7 +21,8 @@ def _finite_positive(value: float) -> bool:
 
 
 def _rates(profile):
-    return [*profile.matmul.values(), *profile.attention.values(), profile.memory, *profile.collectives.values()]
+    return [*profile.matmul.values(), *profile.attention.values(), profile.memory, profile.optimizer,
+            *profile.collectives.values()]
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +48,15 @@ def test_a_quick_profile_has_positive_finite_rates_for_each_kind_of_work(cached_
     assert _finite_positive(profile.host_s_per_op)
     assert _finite_positive(profile.measured["optimizer_step"]["per_s"])
     assert profile.host_to_device is None and profile.collectives == {}  # a CPU, one process
+
+
+def test_a_cpu_profile_has_its_training_step_factors_each_at_least_one(cached_profile):
+    """A step does not beat its kernels timed hot, and a recomputed op costs the host at
+    least what a plain one does."""
+    profile = read_profile(cached_profile)
+    assert profile.step_contraction_factor >= 1.0 and profile.step_non_matmul_factor >= 1.0
+    assert profile.host_s_per_recomputed_op >= profile.host_s_per_op > 0
+    assert profile.measured["training_step"]["contraction"]["ops"] > 0
 
 
 def test_a_large_fp32_matmul_does_more_flops_per_second_than_a_tiny_one(cached_profile):

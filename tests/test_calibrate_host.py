@@ -39,17 +39,50 @@ def test_one_cpu_thread_is_timed_by_this_process_cpu_time_which_sleep_does_not_c
     assert clock() - started < 0.02
 
 
-def test_matmuls_stay_at_their_rate_and_the_factor_is_fitted_on_the_other_arithmetic():
-    # Made with matmuls at their predicted time, the rest x 2.5 and 8 us per op over 700 ops.
-    small = {"step_s": 0.0002 + 2.5 * 0.0016 + 700 * 8e-6, "arithmetic_s": 0.0018, "matmul_s": 0.0002, "ops": 700}
-    large = {"step_s": 0.030 + 2.5 * 0.025 + 700 * 8e-6, "arithmetic_s": 0.055, "matmul_s": 0.030, "ops": 700}
+def test_work_priced_by_other_means_stays_and_the_factor_is_fitted_on_the_other_arithmetic():
+    # Made with contractions and optimizer at their predicted time, the rest x 2.5 and 8 us per op over 700 ops.
+    small = {"step_s": 0.0002 + 2.5 * 0.0016 + 700 * 8e-6, "arithmetic_s": 0.0018, "fixed_s": 0.0002, "ops": 700}
+    large = {"step_s": 0.030 + 2.5 * 0.025 + 700 * 8e-6, "arithmetic_s": 0.055, "fixed_s": 0.030, "ops": 700}
     host, factor = host_and_factor(small, large)
     assert factor == pytest.approx(2.5) and host == pytest.approx(8e-6)
 
 
 def test_a_slope_that_leaves_the_host_less_than_a_bare_dispatch_is_noise_the_host_keeps_the_floor():
-    small = {"step_s": 0.009, "arithmetic_s": 0.0018, "matmul_s": 0.0002, "ops": 700}
-    large = {"step_s": 0.2, "arithmetic_s": 0.014, "matmul_s": 0.0004, "ops": 700}  # a 14x slope: host < 0
+    small = {"step_s": 0.009, "arithmetic_s": 0.0018, "fixed_s": 0.0002, "ops": 700}
+    large = {"step_s": 0.2, "arithmetic_s": 0.014, "fixed_s": 0.0004, "ops": 700}  # a 14x slope: host < 0
     host, factor = host_and_factor(small, large, least_host_s=2e-6)
     assert host == pytest.approx(2e-6)
     assert factor == pytest.approx((0.2 - 0.0004 - 700 * 2e-6) / 0.0136)  # the large step's remainder
+
+
+def test_the_contraction_factor_times_exactly_the_steps_matmul_and_attention_ops():
+    """Each matmul and attention op of the reference step, timed in the step and replayed
+    hot; the factor is their ratio, never below 1 (a step does not beat hot operands)."""
+    from trainwise.bench.calibrate_replay import contraction_factor
+    from trainwise.estimate.predict import _trace
+    from trainwise.hardware import resolve_device
+    from trainwise.models import resolve_model
+    from trainwise.plan.plan import Plan
+
+    plan = Plan(batch_size=1, seq_len=16, device="cpu")
+    factor, found = contraction_factor(torch.device("cpu"), plan)
+    rows = _trace(resolve_model("tiny-llama"), plan, resolve_device("cpu"))[0].op_costs.rows
+    traced = sum(v[0] for k, v in rows.items() if k[2] in ("matmul", "attention") and k[0] in ("forward", "backward"))
+    assert found["ops"] == traced
+    assert found["in_step_s"] > 0 and found["replayed_s"] > 0
+    assert factor == max(1.0, found["ratio"])
+
+
+def test_the_optimizer_rate_is_on_the_bytes_the_trace_counts_for_an_adamw_step():
+    """AdamW's foreach ops read and write far more than the 28 bytes per parameter its
+    state needs; the optimizer rate is on the bytes the trace counts, so it prices a
+    traced optimizer phase."""
+    from trainwise.bench.calibrate_memory import traced_work
+
+    params = [torch.nn.Parameter(torch.rand(1000)) for _ in range(4)]
+    for p in params:
+        p.grad = torch.rand_like(p)
+    optimizer = torch.optim.AdamW(params, lr=1e-3, foreach=True)
+    optimizer.step()
+    moved, kernels = traced_work(optimizer.step)
+    assert moved > 28 * 4000 and moved % 4 == 0 and kernels >= 5

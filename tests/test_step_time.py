@@ -183,19 +183,41 @@ def test_the_step_compute_factor_slows_every_kernel_but_not_the_host():
     assert slow["host_overhead"] == pytest.approx(plain["host_overhead"]) == pytest.approx(114 * 10e-6)
 
 
-def test_the_non_matmul_factor_slows_all_work_but_matmuls_and_not_the_host():
-    """Calibrate's CPU factor: a step's matmuls run at their isolated rate, its element-wise,
-    attention and optimizer work `step_non_matmul_factor` times slower."""
-    costs = OpCosts({("forward", 0, "matmul", "fp32", False): [10, 10**9, 0, 0],
-                     ("forward", 0, "attention", "fp32", False): [2, 10**8, 0, 0],
-                     ("forward", 0, "elementwise", "fp32", False): [100, 0, 500_000, 500_000],
-                     ("optimizer", 0, "elementwise", "fp32", False): [4, 0, 1_000_000, 0]})
-    plain = step_breakdown(costs, {0: 1, 1: 0}, _plan(), PROFILE)
-    slow = step_breakdown(costs, {0: 1, 1: 0}, _plan(), dataclasses.replace(PROFILE, step_non_matmul_factor=2.0))
-    assert slow["matmul"] == pytest.approx(plain["matmul"]) and plain["matmul"] > 0
-    for category in ("attention", "elementwise", "optimizer"):
-        assert plain[category] > 0 and slow[category] == pytest.approx(2.0 * plain[category])
+STEP_COSTS = OpCosts({("forward", 0, "matmul", "fp32", False): [10, 10**9, 0, 0],
+                      ("forward", 0, "attention", "fp32", False): [2, 10**8, 0, 0],
+                      ("forward", 0, "elementwise", "fp32", False): [100, 0, 500_000, 500_000],
+                      ("optimizer", 0, "elementwise", "fp32", False): [4, 0, 1_000_000, 0]})
+
+
+def test_contractions_and_other_work_have_their_own_step_factors_and_the_host_neither():
+    """Calibrate's CPU factors: a step runs its matmuls and attention
+    `step_contraction_factor` times slower than timed alone, its element-wise work (and,
+    without a measured optimizer rate, the optimizer's) `step_non_matmul_factor` times."""
+    plain = step_breakdown(STEP_COSTS, {0: 1, 1: 0}, _plan(), PROFILE)
+    slow = step_breakdown(STEP_COSTS, {0: 1, 1: 0}, _plan(),
+                          dataclasses.replace(PROFILE, step_contraction_factor=1.3, step_non_matmul_factor=2.0))
+    for category, factor in (("matmul", 1.3), ("attention", 1.3), ("elementwise", 2.0), ("optimizer", 2.0)):
+        assert plain[category] > 0 and slow[category] == pytest.approx(factor * plain[category]), category
     assert slow["host_overhead"] == pytest.approx(plain["host_overhead"])
+
+
+def test_the_optimizer_phase_runs_at_the_measured_optimizer_rate_without_the_step_factor():
+    """A profile's `optimizer` rate was timed on a real optimizer step: its bytes at that
+    rate, not the memory rate, and not slowed again by the element-wise factor."""
+    profile = dataclasses.replace(PROFILE, optimizer=Rate(2e8, 5e-6), step_non_matmul_factor=3.0)
+    breakdown = step_breakdown(STEP_COSTS, {0: 1, 1: 0}, _plan(), profile)
+    assert breakdown["optimizer"] == pytest.approx(4 * 5e-6 + 1e6 / 2e8)
+    assert breakdown["elementwise"] == pytest.approx(3.0 * (100 * 1e-6 + 1e6 / 1e9))
+
+
+def test_an_op_recomputed_by_checkpointing_costs_the_host_its_own_measured_time():
+    costs = OpCosts({("forward", 0, "elementwise", "fp32", False): [10, 0, 0, 0],
+                     ("backward", 0, "elementwise", "fp32", True): [10, 0, 0, 0],
+                     ("backward", 0, "metadata", "fp32", True): [8, 0, 0, 0]})
+    same = step_breakdown(costs, {0: 1, 1: 0}, _plan(), PROFILE)
+    own = step_breakdown(costs, {0: 1, 1: 0}, _plan(), dataclasses.replace(PROFILE, host_s_per_recomputed_op=4e-5))
+    assert same["host_overhead"] == pytest.approx((10 + 10 + 8 / 4) * 1e-5)  # no own figure: a plain op's
+    assert own["host_overhead"] == pytest.approx(10 * 1e-5 + (10 + 8 / 4) * 4e-5)  # views a quarter, as ever
 
 
 def test_transcendental_ops_are_elementwise_work_at_the_profiles_own_rate_else_the_memory_rate():

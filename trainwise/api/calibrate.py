@@ -12,7 +12,6 @@ The profile goes to `out`, else to the per-user cache (`default_profile_path`), 
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import os
 import time
@@ -99,7 +98,7 @@ def calibrate(device: str = "cpu", out: str | Path | None = None, nproc: int = 1
                             matmul=rates["matmul"], attention=rates["attention"], memory=rates["memory"],
                             host_s_per_op=rates["host_s_per_op"], collectives=rates.get("collectives", {}),
                             host_to_device=rates.get("host_to_device"), measured=measured,
-                            transcendental=rates["transcendental"])
+                            transcendental=rates["transcendental"], optimizer=rates["optimizer"])
     if target.kind == "cpu":
         profile = _with_training_host(profile, torch_device, settings, spreads)
     seconds = round(time.perf_counter() - started, 1)
@@ -130,12 +129,12 @@ def _measure_one_device(device, settings) -> tuple[dict, dict, dict]:
     rates["transcendental"] = keep("transcendental", memory.measure_transcendental(device, settings))
     rates["host_s_per_op"], spreads["host per op"] = memory.measure_host_overhead(device, settings)
     optimizer = memory.measure_optimizer(device, settings)
-    keep("optimizer step", optimizer)
+    rates["optimizer"] = keep("optimizer step", optimizer)
     if device.type == "cuda":
         rates["host_to_device"] = keep("host to device", memory.measure_host_to_device(device, settings))
     measured = {"points": points, "optimizer_step": {
-        "what": "torch.optim.AdamW(foreach=True) on fp32 parameters; per_s in bytes/s counting "
-                f"{memory.ADAMW_BYTES_PER_PARAM} bytes per parameter (read p, grad, 2 moments; write p, 2 moments)",
+        "what": "torch.optim.AdamW(foreach=True) on fp32 parameters; per_s in bytes/s read + written by its ops as "
+                "the trace counts them (the profile's optimizer rate)",
         **optimizer.rate.to_json(),
         "vs_memory_rate": round(optimizer.rate.per_s / rates["memory"].per_s, 3)}}
     return rates, spreads, measured
@@ -147,11 +146,11 @@ def _with_training_host(profile: DeviceProfile, device, settings, spreads: dict)
     `measured.host_dispatch_s_per_op`."""
     from trainwise.bench.calibrate_host import measure_training_host
 
-    host, factor, found = measure_training_host(device, profile, settings)
-    spreads["training step"] = max(point["spread"] for point in found["steps"])
+    fitted, found = measure_training_host(device, profile, settings)
+    spreads["training step"] = max(point["spread"] for point in (*found["steps"], found["recomputed"]))
     profile.measured["host_dispatch_s_per_op"] = profile.host_s_per_op
     profile.measured["training_step"] = found
-    return dataclasses.replace(profile, host_s_per_op=host, step_non_matmul_factor=factor)
+    return fitted
 
 
 def _device_name(target: Device) -> str:

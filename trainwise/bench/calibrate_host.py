@@ -11,13 +11,18 @@ gradient clipping, AdamW foreach, the LR schedule, zero_grad) at two sizes, one 
 arithmetic is a few percent of the step and one whose arithmetic is most of it; with the
 arithmetic the time model prices at the rates measured in isolation, and the ops the
 traced step dispatches (views at a quarter), the two steps give the two unknowns:
-`step = matmuls + factor x other arithmetic + host x ops`. Matmuls are left at their
-isolated rate: profiled on tiny-llama (4 x 256 and 8 x 256 tokens, one thread) a step's
-matmuls took about 1.1x their isolated time, attention 1.3x, its element-wise and softmax
-work 2-3x (fresh output buffers, operands out of cache), so one factor over all of it
-over-prices a model whose step is mostly matmuls. (Leaving attention at its rate too made
-the fitted factor rest on a few ms of element-wise work and swing 5.7-7.2 between two
-calibrations: too little signal on a shared machine.)
+`step = fixed + factor x other arithmetic + host x ops`, where `fixed` is the work
+measured by other means: matmuls and attention at their isolated rates times the
+contraction factor (calibrate_replay.py: each of a step's matmul and attention ops timed
+in the step and replayed at once, hot; 1.2-1.6x on a 2-core EPYC, the same for
+tiny-llama and 4-layer models 3-4x wider, while element-wise work ran 5-10x its replay),
+and the optimizer phase at the rate of a real AdamW step (calibrate_memory.py). One
+factor over all of it, as before, gave attention the element-wise work's slowdown (2.5x
+where a step runs it 1.2-1.7x) and the optimizer the memory rate's (it runs 4-5x slower):
+over-predicting attention-heavy plans, under-predicting optimizer- and matmul-heavy ones.
+A third step, the small one with activation checkpointing, prices the host time of a
+recomputed op (its dispatch, the checkpoint's saved-tensor hooks, the block's Python run
+again): on the CPU 2-4x a plain op's, which the recomputed ops alone missed by 20-40 %.
 
 On one thread the step's time is this process's CPU time (`time.process_time`), which a
 busy machine does not stretch; with more threads it is wall time (CPU time would add the
@@ -39,45 +44,82 @@ REFERENCE_MODEL = "tiny-llama"
 HOST_BOUND, COMPUTE_BOUND = (1, 8), (8, 256)
 
 
-def measure_training_host(device: torch.device, measured: DeviceProfile, settings: Settings) -> tuple[float, float, dict]:
-    """(host seconds per op of a training step, the factor by which a training step's
-    work other than matmuls runs slower than the rates measured in isolation, what was
-    measured), on the CPU. `measured` holds the rates already measured (its host_s_per_op
-    is not used). Two reference steps, two unknowns:
-    step = matmuls + factor x other arithmetic + host x ops."""
+def measure_training_host(device: torch.device, measured: DeviceProfile, settings: Settings) -> tuple[DeviceProfile, dict]:
+    """`measured` (the rates already measured; its host_s_per_op is not used) with what a
+    training step adds, on the CPU: the contraction factor, the host seconds per op, the
+    factor by which the step's other work (not contractions, not the optimizer) runs slower
+    than its rates, and the host seconds of a recomputed op; and what was measured. Two
+    reference steps, two unknowns: step = fixed + factor x other arithmetic + host x ops."""
     from trainwise.hardware.resolve import resolve_device
     from trainwise.plan.plan import Plan
 
+    from trainwise.bench.calibrate_replay import contraction_factor
+
+    contraction, replayed = contraction_factor(device, Plan(batch_size=COMPUTE_BOUND[0], seq_len=COMPUTE_BOUND[1],
+                                                            device="cpu"))
+    measured = dataclasses.replace(measured, step_contraction_factor=contraction)
     points = []
     for batch_size, seq_len in (HOST_BOUND, COMPUTE_BOUND):
         plan = Plan(batch_size=batch_size, seq_len=seq_len, device="cpu")
-        compute_s, matmul_s, ops = predicted_compute_and_ops(plan, resolve_device("cpu"), measured)
-        # The small step is a few ms: thrice the steps for as steady a median as the large one's.
-        steps = (20 if settings.quick else 60) * (3 if (batch_size, seq_len) == HOST_BOUND else 1)
-        step_s, spread = time_training_steps(device, plan, steps=steps)
+        compute_s, fixed_s, ops = predicted_compute_and_ops(plan, resolve_device("cpu"), measured)
+        step_s, spread = time_training_steps(device, plan, steps=_steps(settings, (batch_size, seq_len)))
         points.append({"batch_size": batch_size, "seq_len": seq_len, "step_s": step_s, "arithmetic_s": compute_s,
-                       "matmul_s": matmul_s, "ops": ops, "spread": spread})
+                       "fixed_s": fixed_s, "ops": ops, "spread": spread})
     host, factor = host_and_factor(*points, least_host_s=measured.host_s_per_op)
-    return host, factor, {"what": f"{REFERENCE_MODEL} trained (forward, backward, loss read, clipping, AdamW, zero_grad)"
-                                  " at two sizes; step = predicted matmuls + factor x the other predicted arithmetic"
-                                  " + host x ops (views a quarter)",
-                          "steps": points}
+    fitted = dataclasses.replace(measured, host_s_per_op=host, step_non_matmul_factor=factor)
+    recomputed = _recomputed_op_host(device, fitted, settings)
+    fitted = dataclasses.replace(fitted, host_s_per_recomputed_op=recomputed["host_s_per_recomputed_op"])
+    return fitted, {"what": f"{REFERENCE_MODEL} trained (forward, backward, loss read, clipping, AdamW, zero_grad)"
+                                  " at two sizes; step = predicted matmuls and attention (x the contraction factor)"
+                                  " and optimizer + factor x the other predicted arithmetic + host x ops (views a"
+                                  " quarter); the small one again with checkpointing for a recomputed op's host time",
+                    "steps": points, "recomputed": recomputed, "contraction": replayed}
+
+
+def _steps(settings: Settings, size: tuple[int, int]) -> int:
+    """Steps to time: the small step is a few ms, thrice the steps for as steady a median."""
+    return (20 if settings.quick else 60) * (3 if size == HOST_BOUND else 1)
+
+
+def _recomputed_op_host(device: torch.device, fitted: DeviceProfile, settings: Settings) -> dict:
+    """The host seconds of an op that checkpointing recomputes: the small reference step
+    with checkpointing, less its prediction with recomputed ops' host time at 0, over the
+    recomputed ops (views a quarter); at least a plain op's."""
+    from trainwise.plan.plan import Plan
+
+    plan = Plan(batch_size=HOST_BOUND[0], seq_len=HOST_BOUND[1], device="cpu", grad_ckpt=True)
+    free_host, unit_host = (_predicted_step(plan, dataclasses.replace(fitted, host_s_per_recomputed_op=h))
+                            for h in (0.0, 1.0))
+    step_s, spread = time_training_steps(device, plan, steps=_steps(settings, HOST_BOUND))
+    ops = unit_host - free_host
+    host = max((step_s - free_host) / ops if ops > 0 else 0.0, fitted.host_s_per_op)
+    return {"step_s": step_s, "predicted_without_recomputed_host_s": free_host, "recomputed_ops": ops,
+            "spread": spread, "host_s_per_recomputed_op": host}
+
+
+def _predicted_step(plan, profile: DeviceProfile) -> float:
+    from trainwise.estimate.predict import one_device_estimate
+    from trainwise.hardware.resolve import resolve_device
+    from trainwise.models import resolve_model
+
+    return one_device_estimate(resolve_model(REFERENCE_MODEL), plan, resolve_device("cpu"), profile=profile).time.step_s
 
 
 def host_and_factor(small: dict, large: dict, least_host_s: float = 0.0) -> tuple[float, float]:
-    """(host seconds per op, factor of the arithmetic other than matmuls) through two
-    reference steps, each {"step_s", "arithmetic_s", "matmul_s" (0 if absent), "ops"}: the
-    factor is the slope of the step time less its matmuls over the other arithmetic, held
+    """(host seconds per op, factor of the arithmetic other than the fixed part) through two
+    reference steps, each {"step_s", "arithmetic_s", "fixed_s" (the work priced by other
+    means: contractions, optimizer; 0 if absent), "ops"}: the factor is the slope of the
+    step time less its fixed part over the other arithmetic, held
     at >= 1 (a step's kernels do not beat the same kernels timed hot in a loop; a smaller
     slope is noise), and the host time what the smaller step has left per op. An op of a
     training step costs the host at least `least_host_s` (a bare dispatch): a slope that
     leaves less is noise too, and then the host is that floor and the factor what the
     larger step leaves for the arithmetic."""
     def other(point):
-        return point["arithmetic_s"] - point.get("matmul_s", 0.0)
+        return point["arithmetic_s"] - point.get("fixed_s", 0.0)
 
     def rest(point):
-        return point["step_s"] - point.get("matmul_s", 0.0)
+        return point["step_s"] - point.get("fixed_s", 0.0)
 
     rise = other(large) - other(small)
     factor = max((rest(large) - rest(small)) / rise if rise > 0 else 1.0, 1.0)
@@ -89,49 +131,31 @@ def host_and_factor(small: dict, large: dict, least_host_s: float = 0.0) -> tupl
 
 
 def predicted_compute_and_ops(plan, device, measured: DeviceProfile) -> tuple[float, float, float]:
-    """(seconds of the step's arithmetic at the measured rates, the matmuls' share of them,
-    weighted op count): the time model priced without host time, again with matmuls free
-    (attention at its own rate), and once with free arithmetic and 1 s of host per op."""
+    """(seconds of the step's arithmetic at the measured rates, the part of them not scaled
+    by step_non_matmul_factor: contractions x their factor and the optimizer, weighted op
+    count): the time model priced without host time, again with step_non_matmul_factor 0,
+    and once with free arithmetic and 1 s of host per op."""
     from trainwise.estimate.predict import one_device_estimate
     from trainwise.models import resolve_model
 
     spec = resolve_model(REFERENCE_MODEL)
     free = Rate(per_s=float("inf"))
-    arithmetic = dataclasses.replace(measured, host_s_per_op=0.0, step_compute_factor=1.0, step_non_matmul_factor=1.0)
+    arithmetic = dataclasses.replace(measured, host_s_per_op=0.0, host_s_per_recomputed_op=None,
+                                     step_compute_factor=1.0, step_non_matmul_factor=1.0)
     without_host = one_device_estimate(spec, plan, device, profile=arithmetic).time.step_s
-    free_matmuls = dataclasses.replace(arithmetic, matmul={name: free for name in measured.matmul})
-    without_matmuls = one_device_estimate(spec, plan, device, profile=free_matmuls).time.step_s
-    counting = dataclasses.replace(measured, host_s_per_op=1.0, memory=free, attention={}, transcendental=None,
+    fixed_only = dataclasses.replace(arithmetic, step_non_matmul_factor=0.0)
+    fixed = one_device_estimate(spec, plan, device, profile=fixed_only).time.step_s
+    counting = dataclasses.replace(measured, host_s_per_op=1.0, host_s_per_recomputed_op=None, memory=free,
+                                   attention={}, transcendental=None, optimizer=None,
                                    matmul={name: free for name in measured.matmul}, corrections={})
     ops = one_device_estimate(spec, plan, device, profile=counting).time.breakdown["host_overhead"]
-    return without_host, without_host - without_matmuls, ops
+    return without_host, fixed, ops
 
 
 def time_training_steps(device: torch.device, plan, steps: int) -> tuple[float, float]:
     """(median seconds of one training step, (max - min) / median over blocks of steps)."""
-    from trainwise.engine.schedule import build_scheduler
-    from trainwise.models import build_model, example_batch, resolve_model
-    from trainwise.step.optimizers import build_optimizer
-    from trainwise.step.recipe import compute_loss
-
-    spec = resolve_model(REFERENCE_MODEL)
-    torch.manual_seed(0)
-    model = build_model(spec, device=device, batch_size=plan.batch_size, seq_len=plan.seq_len)
-    model.train()
-    optimizer = build_optimizer(plan, model, device.type)
-    scheduler = build_scheduler(optimizer, 10**6, 0, plan.lr_schedule)
+    one_step = reference_step(device, plan)
     clock = clock_of(synchronizer(device))
-
-    def one_step():
-        batch = {k: v.to(device) for k, v in example_batch(spec, plan.batch_size, plan.seq_len).items()}
-        loss = compute_loss(model, batch)
-        loss.backward()
-        loss.item()
-        torch.nn.utils.clip_grad_norm_(list(model.parameters()), plan.max_grad_norm, foreach=True).item()
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-
     for _ in range(5):
         one_step()  # warm-up: the optimizer's state, the allocator's caches
     blocks = []
@@ -142,3 +166,31 @@ def time_training_steps(device: torch.device, plan, steps: int) -> tuple[float, 
         blocks.append((clock() - started) / (steps // 5))
     median = statistics.median(blocks)
     return median, (max(blocks) - min(blocks)) / median
+
+
+def reference_step(device: torch.device, plan):
+    """One training step of the reference model under `plan`, as trainwise's step runs it
+    (the plan's checkpointing applied): a function that runs it once."""
+    from trainwise.engine.schedule import build_scheduler
+    from trainwise.models import build_model, example_batch, resolve_model
+    from trainwise.step.optimizers import build_optimizer
+    from trainwise.step.precision import precision_policy
+    from trainwise.step.recipe import compute_loss, prepare_model
+
+    spec = resolve_model(REFERENCE_MODEL)
+    torch.manual_seed(0)
+    model = build_model(spec, device=device, batch_size=plan.batch_size, seq_len=plan.seq_len)
+    model = prepare_model(model, plan, precision_policy(plan.precision, device.type))
+    optimizer = build_optimizer(plan, model, device.type)
+    scheduler = build_scheduler(optimizer, 10**6, 0, plan.lr_schedule)
+
+    def one_step():
+        batch = {k: v.to(device) for k, v in example_batch(spec, plan.batch_size, plan.seq_len).items()}
+        loss = compute_loss(model, batch)
+        loss.backward()
+        loss.item()
+        torch.nn.utils.clip_grad_norm_(list(model.parameters()), plan.max_grad_norm, foreach=True).item()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+    return one_step

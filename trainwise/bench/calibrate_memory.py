@@ -6,14 +6,14 @@ the quantity the trace counts for element-wise and normalisation ops."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from trainwise.bench.calibrate_timing import Fit, Settings, fit, measure_sizes, synchronizer, time_call
+from trainwise.hardware.profile import Rate
 
 FP32_BYTES = 4
-# AdamW reads parameter, gradient and both moments and writes parameter and moments back:
-# 7 fp32 tensors of traffic per parameter, the least any implementation moves.
-ADAMW_BYTES_PER_PARAM = 7 * FP32_BYTES
 HOST_OP_CALLS = 200  # tiny ops per sample of the per-op cost
 
 
@@ -76,24 +76,51 @@ def measure_host_overhead(device: torch.device, settings: Settings) -> tuple[flo
 
 
 def measure_optimizer(device: torch.device, settings: Settings) -> Fit:
-    """torch.optim.AdamW (foreach) steps on fp32 parameters, a Rate on
-    ADAMW_BYTES_PER_PARAM bytes per parameter (compare with the memory Rate)."""
+    """torch.optim.AdamW (foreach) steps on fp32 parameters, a Rate on the bytes its ops
+    read and write as the trace counts them (trainwise/trace/op_costs.py), so the time
+    model prices a traced optimizer phase with it."""
     sync = synchronizer(device)
     counts = [2**p for p in ((12, 14, 16) if settings.quick else (14, 16, 18, 20, 22))]
     if device.type == "cuda":
         counts = [2**p for p in (18, 20, 22, 24, 26)]
 
-    def case(total: int):
-        def make():
-            params = [torch.nn.Parameter(torch.rand(total // 8, device=device)) for _ in range(8)]
-            for p in params:
-                p.grad = torch.rand_like(p)
-            optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=True)
-            optimizer.step()  # creates the moments: their allocation is not a step's cost
-            return optimizer.step
-        return total * ADAMW_BYTES_PER_PARAM, make
+    def make_optimizer(total: int):
+        params = [torch.nn.Parameter(torch.rand(total // 8, device=device)) for _ in range(8)]
+        for p in params:
+            p.grad = torch.rand_like(p)
+        optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+        optimizer.step()  # creates the moments: their allocation is not a step's cost
+        return optimizer
 
-    return fit(measure_sizes([case(total) for total in counts], sync, settings))
+    def case(total: int):
+        return traced_work(make_optimizer(total).step)[0], lambda: make_optimizer(total).step
+
+    found = fit(measure_sizes([case(total) for total in counts], sync, settings))
+    # The fit's fixed cost is a whole step's; the time model pays it per traced kernel.
+    kernels = traced_work(make_optimizer(counts[0]).step)[1]
+    return dataclasses.replace(found, rate=Rate(found.rate.per_s, found.rate.fixed_s / max(kernels, 1)))
+
+
+def traced_work(work) -> tuple[int, int]:
+    """(bytes read + written, kernels: ops other than views) of the ops `work()`
+    dispatches, as the trace counts them."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from trainwise.trace.op_costs import OpCostRecorder
+
+    recorder = OpCostRecorder(torch.nn.Module())
+
+    class Counting(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            outputs = [t for t in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(t, torch.Tensor)]
+            recorder.record(func, args, kwargs, out, outputs, "optimizer", "")
+            return out
+
+    with torch.no_grad(), Counting():
+        work()
+    costs = recorder.costs
+    return costs.total(2) + costs.total(3), costs.total(0) - costs.total(0, op_class="metadata")
 
 
 def measure_host_to_device(device: torch.device, settings: Settings) -> Fit:

@@ -21,13 +21,16 @@ def rate_rows(profile) -> list[tuple[str, str, str]]:
     if dispatch is not None:  # the CPU: the bare dispatch, and an op's host time in a training step
         rows.append(("host per eager op (bare dispatch)", "-", _micro(dispatch)))
         rows.append(("host per op in a training step", "-", _micro(profile.host_s_per_op)))
-        rows.append((f"training step's arithmetic: x {profile.step_compute_factor:.2f} the rates above, other than "
-                     f"matmuls x {profile.step_non_matmul_factor:.2f} more", "-", "-"))
+        if profile.host_s_per_recomputed_op is not None:
+            rows.append(("host per op recomputed by checkpointing", "-", _micro(profile.host_s_per_recomputed_op)))
+        rows.append((f"training step vs the rates above: matmul and attention x "
+                     f"{profile.step_compute_factor * profile.step_contraction_factor:.2f}, other work but the "
+                     f"optimizer x {profile.step_compute_factor * profile.step_non_matmul_factor:.2f}", "-", "-"))
     else:
         rows.append(("host per eager op", "-", _micro(profile.host_s_per_op)))
-    optimizer = profile.measured.get("optimizer_step")
-    if optimizer:
-        rows.append(("AdamW step (28 B/param)", _gbs(optimizer["per_s"]), _micro(optimizer["fixed_s"])))
+    if profile.optimizer:
+        rows.append(("AdamW step (bytes its ops read + write)", _gbs(profile.optimizer.per_s),
+                     _micro(profile.optimizer.fixed_s)))
     rows += [(f"{name.replace('_', '-')} (bytes sent per rank)", _gbs(rate.per_s), _micro(rate.fixed_s))
              for name, rate in profile.collectives.items()]
     if profile.host_to_device:

@@ -5,14 +5,18 @@ FLOPs and bytes per (phase, micro-step, op class, dtype, recomputed?). Each kind
 rate of the device profile (trainwise/hardware/profile.py), an op of size x taking
 `fixed_s + x / per_s`: matmuls and attention on their FLOPs at the dtype's rate, every
 other op on the bytes it reads and writes at the memory rate (element-wise transcendental
-functions at the profile's `transcendental` rate where it has one), times the profile's
-`step_compute_factor` (how much slower a training step's kernels ran than the same kernels
-timed alone; 1.0 otherwise) and, for every op but matmuls, `step_non_matmul_factor` (the
-same for element-wise, normalisation, attention and optimizer work, which calibrate
-measures on the CPU: a step's matmuls run near their isolated rate, its element-wise ops on
-fresh buffers do not). The host dispatches each op
-(`host_s_per_op`, on the CPU measured in a training step; views and other kernel-less ops
-a quarter of that).
+functions at the profile's `transcendental` rate where it has one, the optimizer phase's
+ops at its `optimizer` rate: a real AdamW step timed on the device), times the profile's
+`step_compute_factor` (1.0 unless a profile sets it) and a factor for how much slower a
+training step runs each kind of work than the same kernels timed alone, which calibrate
+measures on the CPU: `step_contraction_factor` for matmuls and attention (operands fresh
+from the previous op instead of hot in cache: 1.2-1.6x), `step_non_matmul_factor` for
+element-wise and normalisation work (fresh output buffers, cold operands: several times
+slower); the optimizer's measured rate already is a real step's. The host dispatches each
+op (`host_s_per_op`, on the CPU measured in a training step; views and other kernel-less
+ops a quarter of that; an op recomputed by activation checkpointing
+`host_s_per_recomputed_op`, which adds the checkpoint's saved-tensor hooks and the
+block's Python run twice).
 
 * On the CPU, host and compute run on the same cores one after the other: the step is
   their sum.
@@ -46,10 +50,10 @@ OFF_CRITICAL_PATH = ("communication_overlapped",)
 # Host time of a kernel-less op (a view) next to an op that launches a kernel: 1.7 us vs
 # 6.6 us for a view and an add of an 8x8 tensor, eager, on this project's 2-core CPU.
 METADATA_HOST_SHARE = 0.25
-# The catalog peak (and matmul rate) each precision's matmuls run at.
-# Op classes a training step runs at their isolated rate: not slowed by the profile's
-# step_non_matmul_factor.
-AT_ISOLATED_RATE = ("matmul",)
+# Tensor contractions: slowed in a training step by the profile's step_contraction_factor,
+# every other op class by its step_non_matmul_factor (the optimizer: see _step_factor).
+CONTRACTIONS = ("matmul", "attention")
+OPTIMIZER_PHASES = ("optimizer", "zero_grad")
 # Phases whose device work the host can run ahead of, on CUDA (recomputation is backward's).
 OVERLAP_GROUPS = {"forward": "forward", "backward": "backward", "optimizer": "optimizer", "zero_grad": "optimizer"}
 
@@ -136,11 +140,11 @@ def step_breakdown(costs: OpCosts, weights: dict[int, int], plan: Plan, profile:
         times = weights[micro] if phase in ("data", "forward", "backward") else 1
         category, seconds = _device_seconds(key, values, plan, profile)
         if phase != "data":  # a training step's kernels vs one kernel timed alone
-            seconds *= profile.step_compute_factor * (1.0 if op_class in AT_ISOLATED_RATE else profile.step_non_matmul_factor)
+            seconds *= _step_factor(phase, op_class, profile)
         breakdown[category] += seconds * times
         if phase == "data":
             continue  # the batch is ready before the step's ops are queued
-        host = values[0] * profile.host_s_per_op * (METADATA_HOST_SHARE if op_class == "metadata" else 1.0)
+        host = values[0] * _host_s_per_op(recomputed, profile) * (METADATA_HOST_SHARE if op_class == "metadata" else 1.0)
         group = (OVERLAP_GROUPS.get(phase, phase), micro)
         device_by_group[group] = device_by_group.get(group, 0.0) + seconds * times
         host_by_group[group] = host_by_group.get(group, 0.0) + host * times
@@ -152,6 +156,21 @@ def step_breakdown(costs: OpCosts, weights: dict[int, int], plan: Plan, profile:
         breakdown["host_overhead"] = sum(max(0.0, host - device_by_group[group])
                                          for group, host in host_by_group.items())
     return breakdown
+
+
+def _step_factor(phase: str, op_class: str, profile: DeviceProfile) -> float:
+    """How much slower a training step runs an op of `op_class` than the profile's rate."""
+    if op_class in CONTRACTIONS:
+        return profile.step_compute_factor * profile.step_contraction_factor
+    if phase in OPTIMIZER_PHASES and profile.optimizer is not None:
+        return profile.step_compute_factor  # its rate was measured on a real optimizer step
+    return profile.step_compute_factor * profile.step_non_matmul_factor
+
+
+def _host_s_per_op(recomputed: bool, profile: DeviceProfile) -> float:
+    if recomputed and profile.host_s_per_recomputed_op is not None:
+        return profile.host_s_per_recomputed_op
+    return profile.host_s_per_op
 
 
 def _device_seconds(key: tuple, values: list[int], plan: Plan, profile: DeviceProfile) -> tuple[str, float]:
@@ -169,11 +188,13 @@ def _device_seconds(key: tuple, values: list[int], plan: Plan, profile: DevicePr
         compute = _compute_dtype(dtype, plan)
         rate = profile.matmul_rate(compute) if op_class == "matmul" else profile.attention_rate(compute)
         seconds = _seconds(rate, ops, flops)
+    elif phase in OPTIMIZER_PHASES and profile.optimizer is not None:
+        seconds = _seconds(profile.optimizer, ops, read + written)
     elif op_class == "transcendental":
         seconds = _seconds(profile.transcendental or profile.memory, ops, read + written)
     else:
         seconds = _seconds(profile.memory, ops, read + written)
-    if phase in ("optimizer", "zero_grad"):
+    if phase in OPTIMIZER_PHASES:
         return "optimizer", seconds
     if recomputed:
         return "recompute", seconds

@@ -99,6 +99,18 @@ class DeviceProfile:
     # matmuls run near their rate timed alone, its element-wise ops on fresh, cold buffers
     # do not. 1.0 for catalog figures and older files (whose one factor slowed everything).
     step_non_matmul_factor: float = 1.0
+    # How much slower a training step's matmul and attention kernels run than the same ops
+    # replayed at once with their operands hot (measured by calibrate on the CPU; 1.0 for
+    # catalog figures and older files, whose step_non_matmul_factor covered attention).
+    step_contraction_factor: float = 1.0
+    # The optimizer phase's kernels (the step, gradient clipping) on the bytes the trace
+    # counts for them: a real AdamW step timed by calibrate, on the CPU far slower than the
+    # memory rate. None (catalog, older files): the memory rate x step_non_matmul_factor.
+    optimizer: Rate | None = None
+    # Host seconds per op that activation checkpointing recomputes: the op's dispatch plus
+    # the checkpoint's saved-tensor hooks and the block's Python run again, measured by
+    # calibrate on the CPU. None: host_s_per_op.
+    host_s_per_recomputed_op: float | None = None
 
     def matmul_rate(self, dtype: str) -> Rate | None:
         return self.matmul.get(dtype) or self.matmul.get("fp32")
@@ -116,11 +128,15 @@ class DeviceProfile:
                 "corrections": dict(self.corrections), "measured": dict(self.measured),
                 "step_compute_factor": self.step_compute_factor,
                 "transcendental": self.transcendental.to_json() if self.transcendental else None,
-                "step_non_matmul_factor": self.step_non_matmul_factor}
+                "step_non_matmul_factor": self.step_non_matmul_factor,
+                "step_contraction_factor": self.step_contraction_factor,
+                "optimizer": self.optimizer.to_json() if self.optimizer else None,
+                "host_s_per_recomputed_op": self.host_s_per_recomputed_op}
 
     @classmethod
     def from_json(cls, data: dict, source: str) -> "DeviceProfile":
-        host, transcendental = data.get("host_to_device"), data.get("transcendental")
+        host, transcendental, optimizer = data.get("host_to_device"), data.get("transcendental"), data.get("optimizer")
+        recomputed = data.get("host_s_per_recomputed_op")
         return cls(device_name=str(data["device_name"]), kind=str(data["kind"]), source=source,
                    matmul={k: Rate.from_json(v) for k, v in data["matmul"].items()},
                    attention={k: Rate.from_json(v) for k, v in data.get("attention", {}).items()},
@@ -131,7 +147,10 @@ class DeviceProfile:
                    measured=dict(data.get("measured", {})),
                    step_compute_factor=float(data.get("step_compute_factor", 1.0)),
                    transcendental=Rate.from_json(transcendental) if transcendental else None,
-                   step_non_matmul_factor=float(data.get("step_non_matmul_factor", 1.0)))
+                   step_non_matmul_factor=float(data.get("step_non_matmul_factor", 1.0)),
+                   step_contraction_factor=float(data.get("step_contraction_factor", 1.0)),
+                   optimizer=Rate.from_json(optimizer) if optimizer else None,
+                   host_s_per_recomputed_op=float(recomputed) if recomputed is not None else None)
 
 
 def catalog_profile(device: Device) -> DeviceProfile | None:
