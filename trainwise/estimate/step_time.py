@@ -109,8 +109,7 @@ def micro_batch_phase_seconds(costs: OpCosts, plan: Plan, profile: DeviceProfile
     for key, values in costs.rows.items():
         phase, micro, op_class = key[0], key[1], key[2]
         if micro == 0 and phase in seconds:
-            factor = 1.0 if op_class in AT_ISOLATED_RATE else profile.step_non_matmul_factor
-            seconds[phase] += _device_seconds(key, values, plan, profile)[1] * profile.step_compute_factor * factor
+            seconds[phase] += _device_seconds(key, values, plan, profile)[1] * _step_factor(phase, op_class, profile)
     return seconds
 
 
