@@ -9,8 +9,8 @@ import traceback
 from pathlib import Path
 
 import pytest
+from diverging_model import DivergesAtThirdStep
 import torch
-from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import trainwise
@@ -90,22 +90,8 @@ def test_read_outcomes_gives_every_pending_step_in_order():
         StepValues(loss=3.25, lr=0.3, grad_norm=None, skipped=False, loss_scale=1024.0)]
 
 
-class _DivergesAtThirdStep(nn.Module):
-    """A model whose loss is NaN from its third forward on."""
-
-    def __init__(self):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(4))
-        self.calls = 0
-
-    def forward(self, x):
-        self.calls += 1
-        loss = (self.weight * x).sum()
-        return loss * float("nan") if self.calls >= 3 else loss
-
-
 def test_a_nan_between_read_points_stops_at_the_next_one_naming_its_own_step():
-    model = _DivergesAtThirdStep()
+    model = DivergesAtThirdStep()
     with pytest.raises(NonFiniteLoss) as caught:
         train(model, data=[torch.ones(4)], plan=Plan(device="cpu"), run=RunConfig(steps=8, log_every=4))
     assert caught.value.step == 3  # the first non-finite step, though read at step 4
@@ -113,7 +99,7 @@ def test_a_nan_between_read_points_stops_at_the_next_one_naming_its_own_step():
 
 
 def test_a_fused_optimizer_skips_a_nan_step_on_the_device():
-    model = _DivergesAtThirdStep()
+    model = DivergesAtThirdStep()
     result = train(model, data=[torch.ones(4)], plan=Plan(device="cpu", optim="adamw-fused"),
                    run=RunConfig(steps=5, log_every=5, on_nan="skip"))
     assert result.summary["skipped_steps"] == 3

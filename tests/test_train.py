@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
+from diverging_model import DivergesAtThirdStep
 import torch
-from torch import nn
 
 from trainwise.api.training import train
 from trainwise.cli.main import main
@@ -72,28 +72,14 @@ def test_mixture_of_experts_trains_with_the_router_loss():
     assert math.isfinite(result.summary["final_loss"])
 
 
-class _Diverges(nn.Module):
-    """A model whose loss turns NaN from its third forward on."""
-
-    def __init__(self):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(4))
-        self.calls = 0
-
-    def forward(self, x):
-        self.calls += 1
-        loss = (self.weight * x).sum()
-        return loss * float("nan") if self.calls >= 3 else loss
-
-
 def test_nan_loss_stops_with_the_step_and_a_cause():
     with pytest.raises(NonFiniteLoss) as caught:
-        train(_Diverges(), data=[torch.ones(4)], plan=Plan(device="cpu"), run=RunConfig(steps=5))
+        train(DivergesAtThirdStep(), data=[torch.ones(4)], plan=Plan(device="cpu"), run=RunConfig(steps=5))
     assert caught.value.step == 3 and "--lr" in caught.value.diagnosis
 
 
 def test_nan_loss_can_be_skipped_and_is_counted():
-    result = train(_Diverges(), data=[torch.ones(4)], plan=Plan(device="cpu"),
+    result = train(DivergesAtThirdStep(), data=[torch.ones(4)], plan=Plan(device="cpu"),
                    run=RunConfig(steps=5, on_nan="skip"))
     assert result.summary["skipped_steps"] == 3
 
