@@ -65,14 +65,13 @@ for name in "$@"; do
       stage plan-verify "${LIMIT_PLAN:-420}" $py -m trainwise plan Llama-3.2-1B --device cuda --seq-len 2048 --global-batch 64 --verify 3 --json --out "$out/plans"
       ;;
     engine-speed)  # issue 17: fastest plan vs the Trainer's hand configuration; the 8B fit; new knobs' memory
-      # Needs pip install 'trainwise[gpu]' (liger-kernel, torchao). --loss and --grad-ckpt-policy
-      # come with issue 17's fused-loss and selective-checkpointing changes: until those are
-      # merged the stages that name them stop at exit 2 (unknown flag) and the rest still run.
-      stage engine-speed-llama-1b "${LIMIT_ENGINE_LLAMA:-600}" $py benchmarks/engine_speed.py Llama-3.2-1B --seq-len 2048 --precision bf16 --optim adamw-fused --attention sdpa --kernels liger --float8 --compile --grad-ckpt --grad-ckpt-policy selective --batch-sizes 4,8,16 --steps 20 --repeats 2 --rows "$out/engine-speed-rows.json"
-      stage engine-speed-bert-large "${LIMIT_ENGINE_BERT:-420}" $py benchmarks/engine_speed.py bert-large-uncased --task seq-cls --seq-len 512 --precision bf16 --optim adamw-fused --attention sdpa --float8 --compile --batch-sizes 8,16,32,64 --steps 30 --repeats 2 --rows "$out/engine-speed-rows.json"
-      stage fit-llama-8b-fused "${LIMIT_FIT_8B:-420}" $py benchmarks/engine_speed.py Llama-3.1-8B --fit-only --seq-len 4096 --precision bf16-pure --optim adamw-8bit --loss fused --grad-ckpt --grad-ckpt-policy selective --batch-sizes 1,2,4,8 --rows "$out/engine-speed-rows.json"
-      stage fit-llama-8b-plain "${LIMIT_FIT_8B:-420}" $py benchmarks/engine_speed.py Llama-3.1-8B --fit-only --seq-len 4096 --precision bf16-pure --optim adamw-8bit --grad-ckpt --batch-sizes 1,2,4,8 --rows "$out/engine-speed-rows.json"
-      stage memory-new-knobs "${LIMIT_MEMORY_KNOBS:-420}" $py benchmarks/validate_memory.py --only 'liger|float8|fused|selective' --out "$out/memory-new-knobs.md" --rows "$out/memory-new-knobs-rows.json"
+      # Needs pip install 'trainwise[gpu]' (liger-kernel, torchao). The default limits add up
+      # to 25 minutes, so the stage fits one 30-minute device session on its own.
+      stage engine-speed-llama-1b "${LIMIT_ENGINE_LLAMA:-420}" $py benchmarks/engine_speed.py Llama-3.2-1B --seq-len 2048 --precision bf16 --optim adamw-fused --attention sdpa --kernels liger --float8 --compile --grad-ckpt --grad-ckpt-policy selective --batch-sizes 4,8,16 --steps 20 --repeats 2 --rows "$out/engine-speed-rows.json"
+      stage engine-speed-bert-large "${LIMIT_ENGINE_BERT:-300}" $py benchmarks/engine_speed.py bert-large-uncased --task seq-cls --seq-len 512 --precision bf16 --optim adamw-fused --attention sdpa --float8 --compile --batch-sizes 8,16,32,64 --steps 30 --repeats 2 --rows "$out/engine-speed-rows.json"
+      stage fit-llama-8b-fused "${LIMIT_FIT_8B:-240}" $py benchmarks/engine_speed.py Llama-3.1-8B --fit-only --seq-len 4096 --precision bf16-pure --optim adamw-8bit --loss fused --grad-ckpt --grad-ckpt-policy selective --batch-sizes 1,2,4,8 --rows "$out/engine-speed-rows.json"
+      stage fit-llama-8b-plain "${LIMIT_FIT_8B:-240}" $py benchmarks/engine_speed.py Llama-3.1-8B --fit-only --seq-len 4096 --precision bf16-pure --optim adamw-8bit --grad-ckpt --batch-sizes 1,2,4,8 --rows "$out/engine-speed-rows.json"
+      stage memory-new-knobs "${LIMIT_MEMORY_KNOBS:-300}" $py benchmarks/validate_memory.py --only 'liger|float8|fused|selective' --out "$out/memory-new-knobs.md" --rows "$out/memory-new-knobs-rows.json"
       ;;
     *)
       echo "unknown stage $name (smoke, memory, vs-trainer, offload, bench, time-model, plan, activation-offload, engine-speed)" >&2
