@@ -35,6 +35,7 @@ from trainwise.step.activation_offload import enable_activation_offload
 from trainwise.step.checkpointing import largest_module_list
 from trainwise.step.float8 import apply_float8, check_float8
 from trainwise.step.kernels import apply_kernels, check_kernels
+from trainwise.step.fused_loss_model import apply_fused_loss
 from trainwise.step.lora import apply_lora
 
 HF_OPTIMIZERS = {"adamw": "adamw_torch", "adamw-fused": "adamw_torch_fused", "adafactor": "adafactor",
@@ -150,6 +151,8 @@ def run(args) -> None:
         attend_within_documents(model)  # what a Trainer user packing documents must do too
     if plan.lora:
         model = apply_lora(model, plan, spec.task)
+    if plan.loss == "fused" and plan.kernels != "liger":  # the Trainer calls model(**batch): the same fused loss
+        model = apply_fused_loss(model, spec.task)
     if plan.float8:
         model = apply_float8(model, plan)
     if plan.precision == "bf16-pure":
