@@ -127,3 +127,9 @@ def test_a_busy_machine_withholds_the_ratio_whatever_the_spread():
 def test_one_sample_has_no_spread_to_trust():
     ratio = confident_ratio(Spread.of([12.0]), Spread.of([10.0, 10.0]))
     assert ratio.withheld == "one sample: no spread to judge it by"
+
+
+def test_a_spread_just_over_the_threshold_never_reads_as_equal_to_it():
+    from trainwise.common.noise import _beside
+
+    assert _beside(0.104, 0.10) == "10.4 %" and _beside(0.23, 0.10) == "23 %"

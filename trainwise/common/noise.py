@@ -78,6 +78,13 @@ def spread_text(spread: float | None) -> str:
     return "n/a" if spread is None else f"{100 * spread:.0f} %"
 
 
+def _beside(spread: float, threshold: float) -> str:
+    """A spread shown next to the threshold it exceeds: with a decimal when whole percents
+    would read as equal to it ("10.4 % > 10 %", not "10 % > 10 %")."""
+    text = spread_text(spread)
+    return f"{100 * spread:.1f} %" if text == spread_text(threshold) else text
+
+
 @dataclass(frozen=True)
 class Ratio:
     """a's median / b's median, or (value None) the reason it is withheld."""
@@ -104,7 +111,7 @@ def confident_ratio(a: Spread, b: Spread, threshold: float = SPREAD_LIMIT, busy:
         return Ratio(None, "one sample: no spread to judge it by")
     worst = max(a.spread, b.spread)
     if worst > threshold:
-        return Ratio(None, f"spread {spread_text(worst)} > {spread_text(threshold)}")
+        return Ratio(None, f"spread {_beside(worst, threshold)} > {spread_text(threshold)}")
     return Ratio(a.median / b.median)
 
 
