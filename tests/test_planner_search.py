@@ -208,3 +208,9 @@ def test_narrow_techniques_are_composed_around_the_confirmed_plans_and_kept_when
     kept = refine(search(fixed, H100, Counting(with_fused_loss), capacity_bytes=17.5 * GIB, top=3), fixed, H100,
                   Counting(with_fused_loss), top=3)
     assert all(c.plan.loss == "default" for c in kept.ranked)  # a flag the user gave is held
+
+
+def test_a_gpu_search_says_the_kernels_it_does_not_try():
+    notes = " ".join(space_for().notes)
+    assert "Liger kernels and float8 not searched" in notes and "compile not searched" in notes
+    assert not any("Liger" in note for note in space_for({"kernels": "none"}).notes)  # held by the user
