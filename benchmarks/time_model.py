@@ -176,7 +176,11 @@ def measure_once(row: dict, args, workdir: Path, index: int) -> tuple[float, flo
     plan_file, metrics = workdir / f"{slug}.plan.json", workdir / f"{slug}-{index}.metrics.jsonl"
     plan_file.write_text(json.dumps(row["plan"].to_dict()))
     job = RowJob(row["name"], row["plan"], "trainwise", row["model"], args.steps, args.warmup, 0, None, workdir, 600)
-    done = subprocess.run(command(job, plan_file, metrics), capture_output=True, text=True, timeout=job.timeout_s)
+    argv = command(job, plan_file, metrics)
+    # Each step's own line is read below (its CPU seconds are not in the summary), so this
+    # script logs every step where bench rows log every few (on a CPU a read waits for nothing).
+    argv[argv.index("--log-every") + 1] = "1"
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=job.timeout_s)
     if done.returncode != 0 or not metrics.is_file():
         row.setdefault("errors", []).append((done.stderr.strip().splitlines() or ["no output"])[-1])
         return None

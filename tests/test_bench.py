@@ -3,6 +3,7 @@
 Most tests run the ladder against tests/bench_stand_in.py (same command line, exit codes
 and metrics summary as `trainwise train`, no training); the last one runs the real thing."""
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -54,6 +55,25 @@ def _bench(tmp_path, ladder, **kwargs):
 
 def _job(tmp_path, plan=None) -> RowJob:
     return RowJob("row", plan or Plan(device="cpu"), "trainwise", "tiny-llama", 3, 1, 0, None, tmp_path, 60)
+
+
+def test_a_trainwise_row_reads_the_device_every_few_steps_not_every_step(tmp_path):
+    # The row trains as a run that logs every LOG_EVERY_STEPS steps does: the flag reaches
+    # the run's RunConfig through the train command's own parser, and of 25 steps only the
+    # 10th, 20th and last read the device (engine/run.py).
+    from trainwise.cli.main import build_parser
+    from trainwise.cli.flags import typed_values
+    from trainwise.engine.run import _is_read_point
+    from trainwise.engine.run_config import RunConfig
+
+    job = RowJob("row", Plan(device="cpu"), "trainwise", "tiny-llama", 25, 1, 0, None, tmp_path, 60)
+    argv = runner.command(job, tmp_path / "p.json", tmp_path / "m.jsonl")
+    assert argv[1:4] == ["-m", "trainwise", "train"]
+    run = RunConfig.from_dict(typed_values(build_parser().parse_args(argv[3:]), RunConfig.specs()))
+    assert run.log_every == runner.LOG_EVERY_STEPS > 1
+    assert [step + 1 for step in range(run.steps) if _is_read_point(step, run)] == [10, 20, 25]
+    trainer = runner.command(dataclasses.replace(job, engine="hf-trainer"), tmp_path / "p.json", tmp_path / "m.jsonl")
+    assert "--log-every" not in trainer  # the Trainer's worker logs through its own arguments
 
 
 def test_each_row_runs_in_its_own_process(tmp_path, stand_in):

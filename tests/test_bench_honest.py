@@ -111,6 +111,20 @@ def test_one_run_with_step_times_keeps_its_rates_consistent():
     assert combined["runs"][0]["step_times_s"] == steps and "step_times_s" not in combined
 
 
+def test_a_gpu_run_timed_in_windows_gives_one_sample_per_window_not_one_per_step():
+    # A GPU run reads the device every 10 steps (bench/runner.py): its timed steps carry
+    # their window's mean, so 9 + 10 equal step times are two measurements, not 19.
+    windows = [0.100] * 9 + [0.104] * 10
+    row = {"status": "ok", "samples_per_s": 2 / 0.102, "tokens_per_s": 64 / 0.102, "mfu": None, "time_s": 2.0,
+           "step_times_s": windows}
+    combined = combine_runs([row], busy=None)
+    assert combined["spread"]["n"] == 2 and combined["spread"]["over"] == "steps"
+    one_window = combine_runs([{**row, "step_times_s": [0.1] * 9}], busy=None)
+    assert one_window["spread"]["n"] == 1  # nothing to judge a ratio by (noise.confident_ratio)
+    assert noise.confident_ratio(noise.Spread.of(one_window["spread"]["samples"]),
+                                 noise.Spread.of([1.0, 1.01])).withheld == "one sample: no spread to judge it by"
+
+
 @pytest.mark.fault
 @pytest.mark.parametrize("repeat", ["0", "-1"])
 def test_a_repeat_below_one_is_exit_2(tmp_path, repeat, capsys, fault_log):

@@ -86,3 +86,18 @@ def test_the_optimizer_rate_is_on_the_bytes_the_trace_counts_for_an_adamw_step()
     optimizer.step()
     moved, kernels = traced_work(optimizer.step)
     assert moved > 28 * 4000 and moved % 4 == 0 and kernels >= 5
+
+
+def test_the_reference_step_reads_nothing_back_as_trainwise_loop_between_log_steps():
+    # The step that prices the host time per op runs as the training loop does between
+    # read points: the loss and the gradient norm stay tensors (no .item() in trainwise).
+    from test_lazy_step_reads import TrainwiseScalarReads
+
+    from trainwise.bench.calibrate_host import reference_step
+    from trainwise.plan.plan import Plan
+
+    one_step = reference_step(torch.device("cpu"), Plan(batch_size=1, seq_len=8, device="cpu"))
+    with TrainwiseScalarReads() as reads:
+        one_step()
+        one_step()
+    assert reads.count == 0

@@ -104,3 +104,35 @@ def test_fewer_pipeline_chunks_pay_a_larger_bubble():
     many = screen_candidate(spec, plan.replace(microbatches=32, batch_size=32), unit_at(1), profile, Topology(8),
                             "cuda")
     assert few.breakdown["pipeline_bubble"] / few.step_s > many.breakdown["pipeline_bubble"] / many.step_s
+
+
+@pytest.mark.parametrize("changes", [dict(nproc=2, tp=2), dict(nproc=2, pp=2, batch_size=4),
+                                     dict(nproc=2, pp=2, batch_size=4, pp_schedule="interleaved-1f1b")],
+                         ids=["tp2", "pp2", "pp2-interleaved"])
+def test_screen_ranks_hold_the_same_block_ranges_as_the_exact_estimate(changes):
+    # --grad-ckpt-every picks the recomputed blocks by these ranges (estimate/rank_work.py):
+    # the screen and the exact estimate must count the same ones.
+    from trainwise.estimate.rank_view import rank_views
+
+    spec = resolve_model("tiny-llama")
+    config = type(spec.config)(**{**spec.config.to_dict(), "num_hidden_layers": 7})
+    plan = BASE.replace(**changes)
+    layout = resolve_layout(plan)
+    screen = [rank.block_ranges for rank in screen_ranks(7, layout, plan.pp_schedule)]
+    assert screen == [view.block_ranges for view in rank_views(config, plan, layout)]
+    assert sorted(index for ranges in screen for first, end in ranges for index in range(first, end)) == list(range(7))
+
+
+@pytest.mark.slow
+def test_the_estimate_counts_tp_all_reduces_of_every_second_block_between_none_and_all():
+    layers = resolve_model("tiny-llama").config.num_hidden_layers
+    tp = dict(device="H100", precision="bf16", nproc=2, tp=2)
+
+    def tp_bytes(**changes) -> int:
+        time = estimate("tiny-llama", BASE.replace(**tp, **changes)).time
+        return sum(c["bytes"] for c in time.to_json()["collectives"] if c["purpose"].startswith("TP"))
+
+    none, every_2, full = tp_bytes(), tp_bytes(grad_ckpt=True, grad_ckpt_every=2), tp_bytes(grad_ckpt=True)
+    per_collective = none / (4 * layers + 2)  # 2 + 2 per block, the embedding's and the head's
+    assert every_2 == none + 2 * len(range(0, layers, 2)) * per_collective
+    assert full == none + 2 * layers * per_collective and none < every_2 < full

@@ -94,7 +94,7 @@ def test_tensor_parallel_collectives_are_on_the_critical_path():
     count = 10 * 4 + 2  # two all-reduces per block each way, the embedding's and the head's
     assert tp.overlapped_s == 0.0
     assert tp.exposed_s == pytest.approx(count * collective_seconds("all_reduce", work().activation_bytes, 4, LINK))
-    recomputed = layout_time(p, resolve_layout(p), work(recompute=True), profile(), Topology(8)).collectives[0]
+    recomputed = layout_time(p, resolve_layout(p), work(recomputed_blocks=10), profile(), Topology(8)).collectives[0]
     assert recomputed.exposed_s == pytest.approx(tp.exposed_s * (10 * 6 + 2) / count)
     sequence = plan(nproc=4, tp=4, sequence_parallel=True)
     split = layout_time(sequence, resolve_layout(sequence), work(), profile(), Topology(8)).collectives
@@ -152,3 +152,45 @@ def test_fsdp_under_bf16_gathers_bf16_and_reduces_fp32():
                                                          "activation_bytes": 2}
     assert communicated_bytes("bf16", "cuda", "ddp")["reduce_bytes"] == 4
     assert communicated_bytes("bf16-pure", "cuda", "fsdp")["gather_bytes"] == 2
+
+
+def _tp_collectives_per_rank(changes: dict, layers: int) -> list[float]:
+    """Tensor-parallel collectives per micro-batch of each pipeline rank, by the exact
+    estimate's own path (estimate/rank_view.py -> rank_work.py -> layout_time.py) for
+    tiny-llama cut to `layers` blocks."""
+    from trainwise.estimate.rank_view import rank_views
+    from trainwise.estimate.rank_work import rank_work
+    from trainwise.models import resolve_model
+
+    config = resolve_model("tiny-llama").config
+    config = type(config)(**{**config.to_dict(), "num_hidden_layers": layers})
+    p = plan(**changes)
+    layout = resolve_layout(p)
+    counts = []
+    for view in rank_views(config, p, layout):
+        w = rank_work(p, layout, view, [], config.hidden_size, "cuda", 0.1, 0.2, 0.01)
+        tp = next(c for c in layout_time(p, layout, w, profile(), Topology(8)).collectives if c.purpose.startswith("TP"))
+        counts.append(tp.bytes_per_step / (w.activation_bytes * w.chunks * w.grad_accum))
+    return counts
+
+
+def test_checkpointing_every_second_block_recomputes_the_tp_all_reduces_of_those_blocks_only():
+    layers = 5
+    tp = dict(nproc=2, tp=2)
+    (none,) = _tp_collectives_per_rank(tp, layers)
+    (every_2,) = _tp_collectives_per_rank({**tp, "grad_ckpt": True, "grad_ckpt_every": 2}, layers)
+    (full,) = _tp_collectives_per_rank({**tp, "grad_ckpt": True}, layers)
+    checkpointed = len(range(0, layers, 2))  # blocks 0, 2, 4
+    assert none == 4 * layers + 2  # 2 forward + 2 backward per block, the embedding's and the head's
+    assert every_2 == none + 2 * checkpointed  # the forward's two again per recomputed block
+    assert full == none + 2 * layers
+    assert none < every_2 < full
+
+
+def test_a_pipeline_rank_recomputes_the_blocks_checkpointed_by_their_index_in_the_whole_stack():
+    # 6 blocks on 2 stages: blocks 0-2 and 3-5. Checkpointed every 2: 0, 2 and 4 (the engine
+    # picks them before the split), so rank 1 recomputes block 4 alone, not its 1st and 3rd.
+    first, second = _tp_collectives_per_rank(dict(nproc=4, tp=2, pp=2, batch_size=4, grad_ckpt=True,
+                                                  grad_ckpt_every=2), layers=6)
+    assert first == 4 * 3 + 2 * 2 + 1  # blocks 0 and 2; the embedding
+    assert second == 4 * 3 + 2 * 1 + 1  # block 4; the head

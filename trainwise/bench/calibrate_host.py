@@ -3,11 +3,11 @@
 A tiny eager `torch.add` in a loop costs the dispatcher about 1.5 us on a small CPU; an op
 of a training step costs the host far more: autograd records a graph node for it in
 forward and runs that node in backward, the model's Python (module calls, masks, rotary
-tables) runs around it, the loop makes the batch, reads the loss and clips. And a training
+tables) runs around it, the loop makes the batch and clips. And a training
 step's kernels run slower than the same kernels timed alone in a loop, with their operands
 hot in cache. Both are measured where they happen: the catalog's tiny-llama is trained as
-trainwise's step does it (a fresh batch, forward with the loss, backward, the loss read,
-gradient clipping, AdamW foreach, the LR schedule, zero_grad) at two sizes, one whose
+trainwise's step does it (a fresh batch, forward with the loss, backward, gradient
+clipping, AdamW foreach, the LR schedule, zero_grad) at two sizes, one whose
 arithmetic is a few percent of the step and one whose arithmetic is most of it; with the
 arithmetic the time model prices at the rates measured in isolation, and the ops the
 traced step dispatches (views at a quarter), the two steps give the two unknowns:
@@ -69,7 +69,7 @@ def measure_training_host(device: torch.device, measured: DeviceProfile, setting
     fitted = dataclasses.replace(measured, host_s_per_op=host, step_non_matmul_factor=factor)
     recomputed = _recomputed_op_host(device, fitted, settings)
     fitted = dataclasses.replace(fitted, host_s_per_recomputed_op=recomputed["host_s_per_recomputed_op"])
-    return fitted, {"what": f"{REFERENCE_MODEL} trained (forward, backward, loss read, clipping, AdamW, zero_grad)"
+    return fitted, {"what": f"{REFERENCE_MODEL} trained (forward, backward, clipping, AdamW, zero_grad)"
                                   " at two sizes; step = predicted matmuls and attention (x the contraction factor)"
                                   " and optimizer + factor x the other predicted arithmetic + host x ops (views a"
                                   " quarter); the small one again with checkpointing for a recomputed op's host time",
@@ -188,8 +188,9 @@ def reference_step(device: torch.device, plan):
         batch = {k: v.to(device) for k, v in example_batch(spec, plan.batch_size, plan.seq_len).items()}
         loss = compute_loss(model, batch)
         loss.backward()
-        loss.item()
-        torch.nn.utils.clip_grad_norm_(list(model.parameters()), plan.max_grad_norm, foreach=True).item()
+        # Nothing is read back: trainwise's loop leaves the loss and the gradient norm on
+        # the device and reads them every --log-every steps (engine/pending_steps.py).
+        torch.nn.utils.clip_grad_norm_(list(model.parameters()), plan.max_grad_norm, foreach=True)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)

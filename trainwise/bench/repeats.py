@@ -1,9 +1,9 @@
 """A bench row measured more than once: every run's figures kept, the row's rates the median.
 
 With several runs (fresh processes) the samples are each run's samples/s; with one run
-they are its timed steps' samples/s (samples per step / each step's seconds), so even a
-single run says how steady it was. The row shows the median run's memory and the median
-rate; `spread` (trainwise.common.noise.Spread) says how far the samples fell apart, and
+they are its timed steps' samples/s (samples per step / each step's seconds, one per
+timing window on a GPU), so even a single run says how steady it was. The row shows the
+median run's memory and the median rate; `spread` (trainwise.common.noise.Spread) says how far the samples fell apart, and
 `busy` what the machine was doing when a run started (None: quiet)."""
 
 from __future__ import annotations
@@ -59,4 +59,11 @@ def _per_step(row: dict) -> Spread:
     if not steps or not row.get("samples_per_s"):
         return Spread.of([row.get("samples_per_s")])
     samples_per_step = row["samples_per_s"] * statistics.fmean(steps)
-    return Spread.of(samples_per_step / t for t in steps)
+    return Spread.of(samples_per_step / t for t in timing_windows(steps))
+
+
+def timing_windows(step_times: list[float]) -> list[float]:
+    """One time per timing window: a GPU run times the steps between two reads of the
+    device together and gives each the window's mean (engine/pending_steps.py), so equal
+    neighbours are one measurement, not several that agree (a CPU run times every step)."""
+    return [t for index, t in enumerate(step_times) if index == 0 or t != step_times[index - 1]]

@@ -24,6 +24,13 @@ EXIT_BAD_INPUT, EXIT_OOM = 2, 3
 # layouts are not supported yet".
 CAPABILITY_PHRASES = ("needs a ", "needs an ", "needs compute capability", "needs the ", "no CUDA GPU",
                       "is not present", "unavailable", "not supported yet")
+# How often a trainwise row reads its steps' values back from the device (`--log-every`).
+# Every read waits for the device and leaves it idle while the host queues the next step;
+# a training run logs every few steps, not every step, so a row read every step would time
+# a slower loop than the one a user runs. Step times stay measured: on a CPU every step is
+# timed on its own; on a GPU each window between reads (and the warm-up's end) is timed
+# after a device synchronisation and its steps get its mean (engine/pending_steps.py).
+LOG_EVERY_STEPS = 10
 
 
 @dataclass(frozen=True)
@@ -43,7 +50,8 @@ class RowJob:
 def command(job: RowJob, plan_file: Path, metrics: Path) -> list[str]:
     """The child's command line for `job`."""
     if job.engine == "trainwise":
-        argv = [sys.executable, "-m", "trainwise", "train", job.model, "--no-chart"]  # timed rows draw nothing
+        argv = [sys.executable, "-m", "trainwise", "train", job.model, "--no-chart",  # timed rows draw nothing
+                "--log-every", str(LOG_EVERY_STEPS)]
     else:
         argv = [sys.executable, "-m", "trainwise.bench.hf_trainer_worker", job.model]
     argv += ["--plan", str(plan_file), "--data", "synthetic", "--steps", str(job.steps),

@@ -59,15 +59,15 @@ class Groups:
 def tensor_parallel(work: RankWork, layout: Layout, groups: Groups) -> list[CollectiveTime]:
     """Megatron-style TP (engine/parallel/tensor_parallel.py): per block, the attention's and
     the MLP's row-wise outputs are all-reduced in forward and the column-wise inputs'
-    gradients in backward (2 + 2), again in a checkpointed block's recomputation; the
+    gradients in backward (2 + 2), the forward's two again in each block checkpointing
+    recomputes (every block, or every k-th with --grad-ckpt-every k); the
     vocab-parallel embedding all-reduces its output, the head's input gradient is
     all-reduced. Under sequence parallel each all-reduce becomes an all-gather plus a
     reduce-scatter of the same whole tensor (same volume). All on the critical path: the
     next op needs the result."""
     if layout.tp == 1:
         return []
-    per_block = 4 + (2 if work.recompute else 0)
-    count = work.blocks * per_block + work.has_embedding + work.has_head
+    count = work.blocks * 4 + work.recomputed_blocks * 2 + work.has_embedding + work.has_head
     chunks = work.grad_accum * work.chunks
     nbytes = work.activation_bytes
     if layout.sequence_parallel:

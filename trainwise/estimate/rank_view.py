@@ -29,6 +29,9 @@ class RankView:
     has_embedding: bool
     has_head: bool
     chunks_in_flight: int
+    # [first, end) of each of its stages, counted in the whole stack: the engine checkpoints
+    # blocks by their index there (step/checkpointing.py runs before the pipeline split).
+    block_ranges: tuple[tuple[int, int], ...] = ()
 
     def to_json(self) -> dict:
         return {"pipeline_rank": self.pipeline_rank, "stages": list(self.stages), "blocks": self.blocks,
@@ -40,7 +43,7 @@ def rank_views(config, plan: Plan, layout: Layout) -> list[RankView]:
     """One view per pipeline rank (a single view holding everything without --pp)."""
     blocks = block_count(config) or 0
     if layout.pp == 1:
-        return [RankView(0, (0,), blocks, (0, blocks), True, True, 1)]
+        return [RankView(0, (0,), blocks, (0, blocks), True, True, 1, ((0, blocks),))]
     total = layout.pp * stages_per_rank(plan.pp_schedule)
     bounds = balanced_bounds(blocks, total)
     microbatches = pipeline_microbatches(plan, layout.pp)
@@ -49,7 +52,8 @@ def rank_views(config, plan: Plan, layout: Layout) -> list[RankView]:
         stages = rank_stages(rank, layout.pp, plan.pp_schedule)
         views.append(RankView(rank, tuple(stages), sum(bounds[s][1] - bounds[s][0] for s in stages),
                               bounds[stages[0]], 0 in stages, total - 1 in stages,
-                              stage_chunks_in_flight(plan.pp_schedule, rank, layout.pp, microbatches)))
+                              stage_chunks_in_flight(plan.pp_schedule, rank, layout.pp, microbatches),
+                              tuple(bounds[s] for s in stages)))
     return views
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from trainwise.plan.fsdp_settings import FsdpSettings
 from trainwise.step.precision import precision_policy
+from trainwise.trace.depth import checkpoint_every
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class RankWork:
     activation_bytes: int
     grad_accum: int = 1
     chunks: int = 1
-    recompute: bool = False
+    recomputed_blocks: int = 0  # blocks whose forward checkpointing runs again in backward
     has_embedding: bool = True
     has_head: bool = True
     compute_breakdown: dict[str, float] = field(default_factory=dict)
@@ -67,6 +68,16 @@ def communicated_bytes(precision: str, device_type: str, data_parallel_kind: str
     return {"weight_bytes": weight, "gather_bytes": gather, "reduce_bytes": reduce, "activation_bytes": activation}
 
 
+def recomputed_blocks(plan, block_ranges) -> int:
+    """How many blocks of `block_ranges` ([first, end) in the whole stack) checkpointing
+    runs forward again in backward: none without --grad-ckpt, blocks 0, k, 2k, ... with
+    --grad-ckpt-every k (every block at k = 1), as step/checkpointing.py picks them."""
+    if not plan.grad_ckpt:
+        return 0
+    every = checkpoint_every(plan)
+    return sum(1 for first, end in block_ranges for index in range(first, end) if index % every == 0)
+
+
 def reshards_after_forward(layout, precision: str) -> bool:
     """ZeRO-3 (FSDP2 frees a block's gathered parameters after its forward)."""
     return FsdpSettings.for_layout(layout, precision).reshard_after_forward
@@ -85,7 +96,9 @@ def rank_work(plan, layout, view, params, hidden_size: int, device_type: str, fo
                     trainable_params=sum(p.copies * _elements(p.shape) for p in params if p.trainable),
                     params_in_blocks=sum(p.copies * _elements(p.shape) for p in params if p.in_block),
                     blocks=view.blocks, activation_bytes=activation, grad_accum=plan.grad_accum,
-                    chunks=layout.microbatches, recompute=plan.grad_ckpt, has_embedding=view.has_embedding,
+                    chunks=layout.microbatches,
+                    recomputed_blocks=recomputed_blocks(plan, view.block_ranges or ((0, view.blocks),)),
+                    has_embedding=view.has_embedding,
                     has_head=view.has_head, compute_breakdown=dict(compute_breakdown or {}), **dtypes)
 
 

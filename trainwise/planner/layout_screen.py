@@ -12,7 +12,7 @@ import dataclasses
 from trainwise.common.errors import InputError
 from trainwise.estimate.collective_time import Topology
 from trainwise.estimate.layout_time import LayoutTime, layout_time
-from trainwise.estimate.rank_work import RankWork, communicated_bytes
+from trainwise.estimate.rank_work import RankWork, communicated_bytes, recomputed_blocks
 from trainwise.hardware.peak import peak_flops_for
 from trainwise.hardware import Device
 from trainwise.hardware.profile import DeviceProfile
@@ -51,7 +51,8 @@ def rank_work_of(unit: TracedUnit, rank: ScreenRank, layout: Layout, plan: Plan,
                     weight_bytes=dtypes["weight_bytes"], gather_bytes=dtypes["gather_bytes"],
                     reduce_bytes=dtypes["reduce_bytes"],
                     activation_bytes=rows * plan.seq_len * hidden_size * dtypes["activation_bytes"],
-                    grad_accum=plan.grad_accum, chunks=layout.microbatches, recompute=plan.grad_ckpt,
+                    grad_accum=plan.grad_accum, chunks=layout.microbatches,
+                    recomputed_blocks=recomputed_blocks(plan, rank.block_ranges or ((0, rank.blocks),)),
                     has_embedding=rank.has_embedding, has_head=rank.has_head)
 
 

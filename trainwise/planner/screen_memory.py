@@ -36,12 +36,13 @@ class ScreenRank:
     has_head: bool
     chunks_in_flight: int
     stages: int
+    block_ranges: tuple[tuple[int, int], ...] = ()  # as estimate/rank_view.py's RankView
 
 
 def screen_ranks(total_blocks: int, layout: Layout, schedule: str) -> list[ScreenRank]:
     """Every pipeline rank's blocks, ends and chunks in flight (estimate/rank_view.py's)."""
     if layout.pp == 1:
-        return [ScreenRank(0, total_blocks, True, True, 1, 1)]
+        return [ScreenRank(0, total_blocks, True, True, 1, 1, ((0, total_blocks),))]
     total = layout.pp * stages_per_rank(schedule)
     bounds = balanced_bounds(total_blocks, total)
     ranks = []
@@ -49,7 +50,8 @@ def screen_ranks(total_blocks: int, layout: Layout, schedule: str) -> list[Scree
         stages = rank_stages(rank, layout.pp, schedule)
         ranks.append(ScreenRank(rank, sum(bounds[s][1] - bounds[s][0] for s in stages), 0 in stages,
                                 total - 1 in stages, stage_chunks_in_flight(schedule, rank, layout.pp,
-                                                                            layout.microbatches), len(stages)))
+                                                                            layout.microbatches), len(stages),
+                                tuple(bounds[s] for s in stages)))
     return ranks
 
 
