@@ -22,6 +22,9 @@ class RunConfig:
     data: str = knob("builtin", "training data: builtin (a small text corpus shipped with trainwise, "
                                 "byte tokens), synthetic (random tokens), a .txt/.jsonl/.csv/.parquet file, a directory "
                                 "or glob of them, or a save_to_disk directory")
+    synthetic_batches: int = knob(0, "with --data synthetic: draw only the first N micro-batches and repeat them "
+                                     "(a check that the model can fit a fixed set: the loss must fall); 0: every "
+                                     "micro-batch new", minimum=0)
     tokenizer: str | None = knob(None, "local Hugging Face tokenizer directory (for file data; "
                                        "default: byte tokens)", optional=True, kind=str)
     text_field: str = knob("text", "field holding the text in .jsonl/.csv/.parquet/saved data")
