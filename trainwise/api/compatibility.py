@@ -14,7 +14,7 @@ from trainwise.hardware.installation import check_installation
 from trainwise.models import ModelSpec
 from trainwise.models.attention import check_flash, pick_attention
 from trainwise.models.documents import check_packing, packable_auto_pick
-from trainwise.models.task_inputs import check_task_seq_len, fixed_seq_len
+from trainwise.models.task_inputs import fit_task_sequence
 from trainwise.plan.combinations import check_combinations
 from trainwise.common.errors import InputError, NotSupportedYet
 from trainwise.plan.layout import Layout
@@ -60,19 +60,6 @@ def check_request_and_layout(plan: Plan, device: Device, spec: ModelSpec | None 
         plan, notes = plan.replace(attention=choice), [note, *notes]
     check_packing(plan, spec)  # after auto is resolved: flash packs documents only one row at a time
     return plan, notes, layout
-
-
-def fit_task_sequence(plan: Plan, spec: ModelSpec | None) -> tuple[Plan, list[str]]:
-    """An image classifier's sequence is its image's patches (models/task_inputs.py): the
-    plan's default sequence length is set to them, with a note; any other length given is
-    refused (--seq-len does not resize images)."""
-    fixed = fixed_seq_len(spec) if spec is not None and spec.config is not None else None
-    if fixed is None or plan.seq_len == fixed[0]:
-        return plan, []
-    if plan.seq_len != Plan().seq_len:
-        check_task_seq_len(spec, plan.seq_len)
-    return plan.replace(seq_len=fixed[0]), [f"seq_len set to {fixed[0]} patches per image ({fixed[1]}): an image "
-                                            "classifier's sequence is its image"]
 
 
 def check_device_support(plan: Plan, device: Device) -> None:

@@ -130,3 +130,16 @@ def check_task_seq_len(spec, seq_len: int) -> None:
     if spec.task == "vision-lm" and seq_len <= image_token_count(spec.config):
         raise InputError("--seq-len", f"must exceed the {image_token_count(spec.config)} image tokens {spec.name} "
                                       "puts before the text")
+
+
+def fit_task_sequence(plan, spec) -> tuple:
+    """(plan, notes): an image classifier's sequence is its image's patches, so the plan's
+    default sequence length is set to them, with a note; any other length given is refused
+    (--seq-len does not resize images). `plan` is a Plan, `spec` a ModelSpec or None."""
+    fixed = fixed_seq_len(spec) if spec is not None and spec.config is not None else None
+    if fixed is None or plan.seq_len == fixed[0]:
+        return plan, []
+    if plan.seq_len != type(plan)().seq_len:
+        check_task_seq_len(spec, plan.seq_len)
+    return plan.replace(seq_len=fixed[0]), [f"seq_len set to {fixed[0]} patches per image ({fixed[1]}): an image "
+                                            "classifier's sequence is its image"]
