@@ -128,6 +128,20 @@ def test_plain_batch_answers_what_fake_tensors_cannot_say():
         assert bool(labels.max() <= 10)  # not an out-of-range question: "every ...", True
         assert bool(mask.all())
         assert not bool((labels == -1).any())
+        hidden = torch.zeros(4, 6, 8)
+        assert hidden[mask].shape == (24, 8)  # boolean indexing (Wav2Vec2's time masking): every position
+        hidden[mask] = torch.ones(8)
+        assert not bool(torch.rand(()) < 0.1)  # LayerDrop's draw: no layer is dropped
+
+
+def test_time_masking_is_traced_and_layerdrop_keeps_every_layer(tmp_path):
+    config = {**_spec("tiny-wav2vec2").config.to_dict(), "mask_time_prob": 0.05, "mask_time_length": 2}
+    masked = resolve_model(_config_dir(tmp_path, config))
+    result = estimate(masked, _plan("tiny-wav2vec2"))
+    measured = measure_step(masked, result.plan)
+    assert abs(result.memory.peak_allocated / measured.peak_allocated - 1) <= PEAK_TOLERANCE
+    dropping = resolve_model(_config_dir(tmp_path / "drop", {**config, "layerdrop": 0.5}))
+    assert estimate(dropping, _plan("tiny-wav2vec2")).memory.activations == result.memory.activations
 
 
 # --- refusals ----------------------------------------------------------------------------
@@ -135,7 +149,7 @@ def test_plain_batch_answers_what_fake_tensors_cannot_say():
 
 def _config_dir(tmp_path, config: dict):
     folder = tmp_path / config["model_type"]
-    folder.mkdir()
+    folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps(config))
     return str(folder)
 
