@@ -21,7 +21,7 @@ from trainwise.api.training import train
 from trainwise.cli.main import main
 from trainwise.common.errors import InputError
 from trainwise.engine.run_config import RunConfig
-from trainwise.models import example_batch, resolve_model
+from trainwise.models import build_model, example_batch, resolve_model
 from trainwise.models.task_inputs import audio_frames, image_token_count
 from trainwise.plan.plan import Plan
 from trainwise.trace.plain_batch import PlainBatchMode
@@ -83,6 +83,17 @@ def test_twenty_steps_on_a_fixed_synthetic_set_lower_the_loss(name, tmp_path):
     assert sum(losses[-4:]) / 4 < 0.9 * sum(losses[:2]) / 2, losses
 
 
+@pytest.mark.parametrize("name", ["tiny-vit", "tiny-wav2vec2"])
+def test_a_deep_stack_read_from_two_and_three_traced_blocks_matches_the_real_step(name, tmp_path):
+    deep = resolve_model(_config_dir(tmp_path, {**_spec(name).config.to_dict(), "num_hidden_layers": 8}))
+    result = estimate(deep, _plan(name))
+    assert result.traced_blocks == (2, 3) and result.total_blocks == 8
+    measured = measure_step(deep, result.plan)
+    assert result.params == sum(p.numel() for p in build_model(deep, "meta").parameters())
+    assert abs(result.memory.peak_allocated / measured.peak_allocated - 1) <= PEAK_TOLERANCE
+    assert result.memory.activations == measured.activations
+
+
 # --- what one sample is made of ----------------------------------------------------------
 
 
@@ -105,9 +116,7 @@ def test_synthetic_batches_have_the_shapes_the_config_gives():
 
 def test_wav2vec2_frames_follow_its_convolutions():
     config = _spec("tiny-wav2vec2").config
-    model = resolve_model("tiny-wav2vec2")
-    from trainwise.models import build_model
-    built = build_model(model, "cpu")
+    built = build_model(resolve_model("tiny-wav2vec2"), "cpu")
     for samples in (400, 4000, 16000):
         assert audio_frames(config, samples) == int(built._get_feat_extract_output_lengths(torch.tensor(samples)))
 
