@@ -7,6 +7,7 @@ import torch
 
 from trainwise.engine.data.builtin_corpus import SOURCE_NAME, builtin_documents
 from trainwise.engine.data.chat import chat_data
+from trainwise.engine.data.image_folder import image_folder_data
 from trainwise.engine.data.order import EVAL_STREAM, MicroBatchOrder, mixed_seed
 from trainwise.engine.data.packing import MIN_ROW_TOKENS, PackedCorpus, held_out_batches, pack
 from trainwise.engine.data.text_files import read_documents
@@ -35,6 +36,8 @@ def build_data(run: RunConfig, spec: ModelSpec, plan: Plan, *, rank: int = 0, wo
                                                 "drop --synthetic-batches or pass --data synthetic")
     if run.data == "synthetic":
         return _synthetic(run, spec, plan, rank, world_size)
+    if spec.task == "image-cls" and run.data != "builtin":
+        return image_folder_data(run, spec, plan, rank, world_size)
     return _text(run, spec, plan, rank, world_size)
 
 
@@ -63,7 +66,8 @@ def _text(run: RunConfig, spec: ModelSpec, plan: Plan, rank: int, world_size: in
     if spec.task != TEXT_TASK:
         other = " or pass --task causal-lm" if "causal-lm" in spec.allowed_tasks else ""
         raise InputError("--data", f"text data trains causal-lm models, and {spec.name} is set up for {spec.task}: "
-                                   f"use --data synthetic{other}")
+                                   f"use --data synthetic{other}"
+                                   + (" or a folder of class subfolders of images" if spec.task == "image-cls" else ""))
     if run.chat:
         return chat_data(run, spec, plan, rank, world_size)
     tokenizer = LocalTokenizer(run.tokenizer) if run.tokenizer else ByteTokenizer()
