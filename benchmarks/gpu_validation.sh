@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_validation.sh DIR STAGE...
 #
-# STAGE: smoke | memory | vs-trainer | offload | bench | time-model | plan | activation-offload | engine-speed. Each stage has its own time limit
+# STAGE: smoke | memory | vs-trainer | offload | bench | time-model | plan | activation-offload | engine-speed | tasks. Each stage has its own time limit
 # (seconds, env LIMIT_<STAGE>) so a slow one cannot starve the rest; each writes its log
 # and results under DIR. Uses the python3 on PATH (set PYTHON to choose another); runs
 # from a checkout without installing it (PYTHONPATH), so a machine without package
@@ -73,8 +73,11 @@ for name in "$@"; do
       stage fit-llama-8b-plain "${LIMIT_FIT_8B:-240}" $py benchmarks/engine_speed.py Llama-3.1-8B --fit-only --seq-len 4096 --precision bf16-pure --optim adamw-8bit --grad-ckpt --batch-sizes 1,2,4,8 --rows "$out/engine-speed-rows.json"
       stage memory-new-knobs "${LIMIT_MEMORY_KNOBS:-300}" $py benchmarks/validate_memory.py --only 'liger|float8|fused|selective' --out "$out/memory-new-knobs.md" --rows "$out/memory-new-knobs-rows.json"
       ;;
+    tasks)  # issue 18: predicted vs measured peak for ViT, Swin, ConvNeXt, Whisper, Wav2Vec2 and LLaVA-1.5-7B
+      stage memory-tasks "${LIMIT_TASKS:-300}" $py benchmarks/validate_memory.py --only 'vit|swin|convnext|whisper|wav2vec2|llava' --out "$out/memory-tasks.md" --rows "$out/memory-tasks-rows.json"
+      ;;
     *)
-      echo "unknown stage $name (smoke, memory, vs-trainer, offload, bench, time-model, plan, activation-offload, engine-speed)" >&2
+      echo "unknown stage $name (smoke, memory, vs-trainer, offload, bench, time-model, plan, activation-offload, engine-speed, tasks)" >&2
       exit 2
       ;;
   esac

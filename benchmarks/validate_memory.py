@@ -78,6 +78,12 @@ def _gpu_packages(knobs: dict) -> tuple[str, ...]:
     return (("liger_kernel",) if knobs.get("kernels") == "liger" else ()) + (("torchao",) if knobs.get("float8") else ())
 
 
+def _task(name: str, model: str, task: str, **knobs) -> Config:
+    """A model of a task beyond text (issue 18): images, audio, image + text, bf16 mixed
+    precision unless said otherwise; seq_len is what the task makes of it (docs/train.md)."""
+    return Config(name, model, task, {"precision": "bf16", **knobs})
+
+
 ONE_BY_FOUR = {"batch_size": 1, "grad_accum": 4}
 
 MATRIX: tuple[Config, ...] = (
@@ -121,6 +127,16 @@ MATRIX: tuple[Config, ...] = (
            {"seq_len": 2048, "precision": "bf16", "batch_size": 1, "packing": "documents", "attention": "flash"},
            ("flash_attn",)),
     _llama("llama-1b b4 bf16 ckpt fused-loss", batch_size=4, grad_ckpt=True, loss="fused"),
+    # Tasks beyond text (issue 18): image classifiers at 224 px, Whisper with 128 text
+    # tokens, Wav2Vec2 on 10 s of 16 kHz audio, LLaVA-1.5-7B with its 576 image tokens.
+    _task("vit-base b64 bf16", "vit-base-patch16-224", "image-cls", batch_size=64, seq_len=196),
+    _task("vit-base b64 bf16 ckpt", "vit-base-patch16-224", "image-cls", batch_size=64, seq_len=196, grad_ckpt=True),
+    _task("swin-tiny b64 bf16", "swin-tiny-patch4-window7-224", "image-cls", batch_size=64, seq_len=3136),
+    _task("convnext-tiny b64 bf16", "convnext-tiny-224", "image-cls", batch_size=64, seq_len=3136),
+    _task("whisper-small b16 bf16", "whisper-small", "speech-seq2seq", batch_size=16, seq_len=128),
+    _task("wav2vec2-base b8 bf16", "wav2vec2-base-960h", "ctc", batch_size=8, seq_len=160000),
+    _task("llava-7b b1 bf16-pure ckpt lora16", "llava-1.5-7b", "vision-lm", batch_size=1, seq_len=1024,
+          precision="bf16-pure", grad_ckpt=True, lora_rank=16),
 )
 
 QUICK = ("bert b4", "bert b1x4 ckpt fp16", "bert b4 adafactor", "llama-1b b1 bf16", "llama-1b b4 bf16 lora16 ckpt")

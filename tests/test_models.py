@@ -127,7 +127,7 @@ def test_tiny_models_with_absolute_positions_take_512_tokens(name):
 def test_task_override_within_the_family():
     assert resolve_model("bert-base-uncased", task="masked-lm").task == "masked-lm"
     assert resolve_model("gpt2", task="seq-cls").task == "seq-cls"
-    assert set(resolve_model("tiny-bert").allowed_tasks) == {"seq-cls", "masked-lm"}
+    assert set(resolve_model("tiny-bert").allowed_tasks) == {"seq-cls", "masked-lm", "token-cls"}
 
 
 def test_task_the_family_lacks_is_an_input_error_naming_allowed_tasks():

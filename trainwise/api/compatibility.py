@@ -14,6 +14,7 @@ from trainwise.hardware.installation import check_installation
 from trainwise.models import ModelSpec
 from trainwise.models.attention import check_flash, pick_attention
 from trainwise.models.documents import check_packing, packable_auto_pick
+from trainwise.models.task_inputs import fit_task_sequence
 from trainwise.plan.combinations import check_combinations
 from trainwise.common.errors import InputError, NotSupportedYet
 from trainwise.plan.layout import Layout
@@ -40,6 +41,7 @@ def check_request_and_layout(plan: Plan, device: Device, spec: ModelSpec | None 
     """check_request, with the plan's Layout on `world_size` processes, resolved once for
     the checks and kept for the run."""
     layout = check_combinations(plan, world_size)
+    plan, notes = fit_task_sequence(plan, spec)
     check_activation_offload(plan)
     check_device_support(plan, device)
     check_kernels(plan, device, spec, here)
@@ -50,7 +52,7 @@ def check_request_and_layout(plan: Plan, device: Device, spec: ModelSpec | None 
             check_fused_loss_model(spec.task, spec.config)
     if here:
         check_installation(plan, device.kind)
-    notes = [CPU_OFFLOAD_NOTE] if plan.activation_offload and device.kind == "cpu" else []
+    notes += [CPU_OFFLOAD_NOTE] if plan.activation_offload and device.kind == "cpu" else []
     if plan.attention != "auto":
         check_flash(plan, device, spec, here)
     else:

@@ -22,6 +22,7 @@ from trainwise.common.units import human_bytes
 from trainwise.hardware import Device, resolve_device
 from trainwise.hardware.profile import DeviceProfile, profile_for
 from trainwise.models import ModelSpec, check_seq_len, resolve_model
+from trainwise.models.task_inputs import fit_task_sequence
 from trainwise.models.attention import attention_refusal
 from trainwise.models.quiet import quiet_transformers
 from trainwise.planner.compose import Measure
@@ -124,6 +125,7 @@ def plan_search(model: str | ModelSpec, base: Plan, fixed: set[str] | frozenset[
     device = resolve_device(base.device)
     capacity = capacity_of(device)
     spec = model if isinstance(model, ModelSpec) else resolve_model(model, task=task, trust_remote_code=trust_remote_code)
+    base, _ = fit_task_sequence(base, spec)  # an image classifier's sequence is its patches
     check_seq_len(spec, base.seq_len)
     _check_fixed(base, fixed, device, spec)
     space = build_space(base, fixed, device, allow, global_batch, data_parallel=_fixed_data_parallel(base, fixed),

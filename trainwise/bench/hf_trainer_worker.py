@@ -29,6 +29,7 @@ from trainwise.hardware import resolve_device
 from trainwise.models import build_model, example_batch, resolve_model
 from trainwise.models.documents import attend_within_documents
 from trainwise.models.attention import pick_attention
+from trainwise.models.task_inputs import fit_task_sequence
 from trainwise.plan import InputError, plan_from_sources
 from trainwise.common.errors import OutOfMemory
 from trainwise.step.activation_offload import enable_activation_offload
@@ -139,6 +140,7 @@ def run(args) -> None:
     if plan.device == "cpu" and plan.precision in ("fp16", "tf32"):
         raise InputError("--precision", f"{plan.precision} needs a CUDA device")
     spec = resolve_model(args.model, task=args.task)
+    plan, _ = fit_task_sequence(plan, spec)  # as trainwise's row: an image classifier's sequence is its patches
     if plan.attention == "auto":  # the pick trainwise's row makes, so both engines run one kernel
         plan = plan.replace(attention=pick_attention(resolve_device(_device_name(device)), spec, here=True)[0])
     # Kernels and float8 are applied to the Trainer's model the way trainwise applies them

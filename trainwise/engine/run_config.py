@@ -20,8 +20,12 @@ class RunConfig:
     """Everything about a run that is not a per-step knob."""
 
     data: str = knob("builtin", "training data: builtin (a small text corpus shipped with trainwise, "
-                                "byte tokens), synthetic (random tokens), a .txt/.jsonl/.csv/.parquet file, a directory "
-                                "or glob of them, or a save_to_disk directory")
+                                "byte tokens), synthetic (random inputs for any task), a .txt/.jsonl/.csv/.parquet file, a "
+                                "directory or glob of them, a save_to_disk directory, or for an image classifier a "
+                                "folder of class subfolders of images")
+    synthetic_batches: int = knob(0, "with --data synthetic: draw only the first N micro-batches and repeat them "
+                                     "(a check that the model can fit a fixed set: the loss must fall); 0: every "
+                                     "micro-batch new", minimum=0)
     tokenizer: str | None = knob(None, "local Hugging Face tokenizer directory (for file data; "
                                        "default: byte tokens)", optional=True, kind=str)
     text_field: str = knob("text", "field holding the text in .jsonl/.csv/.parquet/saved data")

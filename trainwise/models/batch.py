@@ -8,6 +8,7 @@ import torch
 
 from trainwise.models.documents import as_documents, random_document_starts
 from trainwise.models.function_models import call_model_function
+from trainwise.models.media_batch import media_batch
 from trainwise.models.positions import check_seq_len
 from trainwise.models.spec import ModelSpec
 from trainwise.models.tasks import head_model_class
@@ -29,7 +30,8 @@ def example_batch(
     Keys: ``input_ids`` (ids in [0, vocab_size)), ``attention_mask`` (all ones) when the
     model takes one, and ``labels`` for the task: the input ids (causal-lm), one class
     id per sequence (seq-cls), `seq_len` decoder target ids (seq2seq) or ids at about
-    15% of positions and -100 elsewhere (masked-lm). Random draws use `generator` (a CPU
+    15% of positions and -100 elsewhere (masked-lm), one class id per token (token-cls).
+    Images, audio and vision-language batches: models/media_batch.py. Random draws use `generator` (a CPU
     generator) and are then moved to `device`. Model functions return their own batch.
     `documents` (causal-lm, `--packing documents`): each row is cut into random-length
     documents, with position_ids restarting at each and no attention_mask (documents.py).
@@ -37,6 +39,9 @@ def example_batch(
     if spec.source == "function":
         return call_model_function(spec.function, batch_size, seq_len, device)[1]
     check_seq_len(spec, seq_len)
+    media = media_batch(spec, batch_size, seq_len, generator)
+    if media is not None:
+        return {key: tensor.to(device) for key, tensor in media.items()}
     shape = (batch_size, seq_len)
     input_ids = _random_ids(spec.vocab_size, shape, generator)
     batch = {"input_ids": input_ids}
@@ -64,6 +69,8 @@ def _labels(spec: ModelSpec, input_ids: torch.Tensor, generator: torch.Generator
         return _random_ids(spec.vocab_size, (batch_size, seq_len), generator)
     if spec.task == "masked-lm":
         return _masked_labels(input_ids, generator)
+    if spec.task == "token-cls":
+        return torch.randint(0, spec.config.num_labels, (batch_size, seq_len), generator=generator, dtype=torch.long)
     raise ValueError(f"no example labels for task {spec.task!r}")
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from transformers import PretrainedConfig
 
 from trainwise.common.errors import InputError
+from trainwise.models.task_inputs import check_task_seq_len
 
 # Families whose positions are relative buckets: any length works (memory permitting).
 _RELATIVE_POSITION_FAMILIES = frozenset({"t5", "mt5", "umt5", "longt5", "switch_transformers"})
@@ -23,10 +24,13 @@ class PositionLimit:
 
 
 def position_limit(config: PretrainedConfig) -> PositionLimit:
-    """Read the position limit from a configuration, whatever the family calls it."""
+    """Read the position limit from a configuration, whatever the family calls it (a
+    vision-language model's from its text model; Whisper's is its decoder's)."""
+    config = config.get_text_config()
     if config.model_type in _RELATIVE_POSITION_FAMILIES:
         return PositionLimit(None, "relative positions")
-    for field in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+    for field in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length",
+                  "max_target_positions"):
         table_rows = getattr(config, field, None)
         if isinstance(table_rows, int):
             break
@@ -51,3 +55,4 @@ def check_seq_len(spec, seq_len: int) -> None:
     limit = position_limit(spec.config)
     if limit.max_positions is not None and seq_len > limit.max_positions:
         raise InputError("--seq-len", f"must be <= {limit.max_positions} for {spec.name} ({limit.reason})")
+    check_task_seq_len(spec, seq_len)

@@ -23,6 +23,7 @@ from trainwise.models.function_models import import_model_function, looks_like_f
 from trainwise.models.hub_config import hub_config_folder, looks_like_hub_id
 from trainwise.models.positions import position_limit
 from trainwise.models.spec import ModelSpec
+from trainwise.models.task_inputs import check_task_inputs, image_shape
 from trainwise.models.tasks import (FUNCTION_TASK, TASKS, allowed_tasks, choose_task, config_for_task, infer_task,
                                    task_of_model_class)
 from trainwise.common.errors import InputError
@@ -131,14 +132,15 @@ def _spec_from_config(
     trust_remote_code: bool = False,
 ) -> ModelSpec:
     config = config_for_task(config, task)
+    check_task_inputs(name, config, task)
     return ModelSpec(
         name=name,
         source=source,
         task=task,
         family=config.model_type,
         config=config,
-        max_positions=position_limit(config).max_positions,
-        vocab_size=getattr(config, "vocab_size", None),
+        max_positions=image_shape(config).patches if task == "image-cls" else position_limit(config).max_positions,
+        vocab_size=getattr(config.get_text_config(), "vocab_size", None),
         hf_name=hf_name,
         allowed_tasks=allowed_tasks(config),
         tiny=tiny,

@@ -22,7 +22,8 @@ class ModelSpec:
     task            one of TASKS, or "custom" for model functions
     family          the config's ``model_type`` ("llama", "bert", ...); None for functions
     config          the ``transformers`` config, already prepared for `task`; None for functions
-    max_positions   longest usable sequence in tokens; None when unbounded (relative
+    max_positions   longest usable sequence in tokens (an image classifier: its patches,
+                    which it always sees); None when unbounded (relative
                     positions, as in T5) or unknown (functions)
     vocab_size      token ids are in [0, vocab_size); None for functions
     hf_name         the Hugging Face Hub id, when known

@@ -6,6 +6,14 @@ A task names the head put on the backbone and therefore the loss:
 - ``seq-cls``    one label per sequence (``AutoModelForSequenceClassification``)
 - ``seq2seq``    encoder-decoder generation (``AutoModelForSeq2SeqLM``)
 - ``masked-lm``  fill in masked tokens (``AutoModelForMaskedLM``)
+- ``token-cls``  one label per token (``AutoModelForTokenClassification``)
+- ``image-cls``  one label per image (``AutoModelForImageClassification``: ViT, Swin, ConvNeXt...)
+- ``speech-seq2seq``  audio features in, text out (``AutoModelForSpeechSeq2Seq``: Whisper)
+- ``ctc``        raw audio in, characters out by CTC (``AutoModelForCTC``: Wav2Vec2, HuBERT...)
+- ``vision-lm``  a causal LM that reads an image first (``AutoModelForImageTextToText``: LLaVA)
+
+What a sample of each task is made of (images, audio, image tokens) is read from the config
+in `models/task_inputs.py`.
 
 Model functions (``package.module:function``) bring their own loss; their task is
 ``FUNCTION_TASK``.
@@ -21,7 +29,8 @@ from transformers.models.auto import modeling_auto
 
 from trainwise.common.errors import InputError
 
-TASKS: tuple[str, ...] = ("causal-lm", "seq-cls", "seq2seq", "masked-lm")
+TASKS: tuple[str, ...] = ("causal-lm", "seq-cls", "seq2seq", "masked-lm", "token-cls", "image-cls", "speech-seq2seq",
+                          "ctc", "vision-lm")
 FUNCTION_TASK = "custom"
 
 AUTO_CLASS_NAMES: dict[str, str] = {
@@ -29,6 +38,11 @@ AUTO_CLASS_NAMES: dict[str, str] = {
     "seq-cls": "AutoModelForSequenceClassification",
     "seq2seq": "AutoModelForSeq2SeqLM",
     "masked-lm": "AutoModelForMaskedLM",
+    "token-cls": "AutoModelForTokenClassification",
+    "image-cls": "AutoModelForImageClassification",
+    "speech-seq2seq": "AutoModelForSpeechSeq2Seq",
+    "ctc": "AutoModelForCTC",
+    "vision-lm": "AutoModelForImageTextToText",
 }
 
 # model_type -> head class name, as transformers registers them.
@@ -37,16 +51,27 @@ _HEAD_CLASS_NAMES: dict[str, dict[str, str]] = {
     "seq-cls": modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
     "seq2seq": modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
     "masked-lm": modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    "token-cls": modeling_auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
+    "image-cls": modeling_auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES,
+    "speech-seq2seq": modeling_auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES,
+    "ctc": modeling_auto.MODEL_FOR_CTC_MAPPING_NAMES,
+    "vision-lm": modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
 }
 
 # The tasks each kind of architecture is trained for; a registered head outside these
 # (e.g. BERT's causal-LM head, T5's classification head) is not offered.
 _KIND_TASKS: dict[str, tuple[str, ...]] = {
     "encoder-decoder": ("seq2seq",),
-    "encoder": ("seq-cls", "masked-lm"),
-    "decoder": ("causal-lm", "seq-cls"),
+    "encoder": ("seq-cls", "masked-lm", "token-cls"),
+    "decoder": ("causal-lm", "seq-cls", "token-cls"),
+    "vision": ("image-cls",),
+    "speech-encoder-decoder": ("speech-seq2seq",),
+    "speech-encoder": ("ctc",),
+    "vision-language": ("vision-lm",),
 }
-_KIND_DEFAULT_TASK = {"encoder-decoder": "seq2seq", "encoder": "seq-cls", "decoder": "causal-lm"}
+_KIND_DEFAULT_TASK = {"encoder-decoder": "seq2seq", "encoder": "seq-cls", "decoder": "causal-lm",
+                      "vision": "image-cls", "speech-encoder-decoder": "speech-seq2seq", "speech-encoder": "ctc",
+                      "vision-language": "vision-lm"}
 
 
 def auto_class(task: str):
@@ -66,7 +91,18 @@ def head_model_class(config: PretrainedConfig, task: str):
 
 
 def architecture_kind(config: PretrainedConfig) -> str:
-    """"encoder-decoder", "encoder" (has a masked-LM head) or "decoder"."""
+    """"vision" (an image classifier), "speech-encoder-decoder" (Whisper), "speech-encoder"
+    (a CTC model), "vision-language" (an image-text-to-text model that is not also a plain
+    causal LM), else "encoder-decoder", "encoder" (has a masked-LM head) or "decoder"."""
+    model_type = config.model_type
+    if model_type in _HEAD_CLASS_NAMES["image-cls"] and model_type not in _HEAD_CLASS_NAMES["masked-lm"]:
+        return "vision"
+    if model_type in _HEAD_CLASS_NAMES["speech-seq2seq"]:
+        return "speech-encoder-decoder"
+    if model_type in _HEAD_CLASS_NAMES["ctc"]:
+        return "speech-encoder"
+    if model_type in _HEAD_CLASS_NAMES["vision-lm"] and model_type not in _HEAD_CLASS_NAMES["causal-lm"]:
+        return "vision-language"
     if getattr(config, "is_encoder_decoder", False):
         return "encoder-decoder"
     if config.model_type in _HEAD_CLASS_NAMES["masked-lm"]:
@@ -114,8 +150,7 @@ def choose_task(model_name: str, config: PretrainedConfig, requested: str | None
     allowed = allowed_tasks(config)
     if not allowed:
         raise InputError("MODEL", f"{model_name} is a {config.model_type} model, which has none of the heads "
-                                  f"trainwise trains: {', '.join(TASKS)} (text models; `trainwise models` lists "
-                                  "the catalog)")
+                                  f"trainwise trains: {', '.join(TASKS)} (`trainwise models` lists the catalog)")
     if requested is None:
         return usual
     if requested not in allowed:

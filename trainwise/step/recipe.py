@@ -50,7 +50,11 @@ def prepare_model(model: nn.Module, plan: Plan, policy: PrecisionPolicy, task: s
 
 
 def compute_loss(model: nn.Module, batch) -> torch.Tensor:
-    """Run the model on one micro-batch and return its scalar loss."""
+    """Run the model on one micro-batch and return its scalar loss. Images, audio and
+    features arrive in fp32; with low-precision weights (bf16-pure, fp16-pure) they are
+    cast to the weights' dtype first, as a convolution refuses mixed dtypes."""
+    if isinstance(batch, dict):
+        batch = _floats_in_weight_dtype(model, batch)
     output = model(**batch) if isinstance(batch, dict) else model(batch)
     loss = output if isinstance(output, torch.Tensor) else getattr(output, "loss", None)
     if loss is None and isinstance(output, (tuple, list)):
@@ -58,3 +62,11 @@ def compute_loss(model: nn.Module, batch) -> torch.Tensor:
     if loss is None:
         raise ValueError(f"{type(model).__name__} returned no loss; give it labels or return a loss tensor")
     return loss
+
+
+def _floats_in_weight_dtype(model: nn.Module, batch: dict) -> dict:
+    weight = next((p for p in model.parameters() if p.is_floating_point()), None)
+    if weight is None or weight.dtype == torch.float32:
+        return batch
+    return {key: value.to(weight.dtype) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+            for key, value in batch.items()}

@@ -34,10 +34,12 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from trainwise.plan.plan import Plan
 from trainwise.step import compute_loss, precision_policy, prepare_model
+from trainwise.trace.ctc_loss import traceable_ctc_loss
 from trainwise.trace.depth import depth_fit, extrapolate_by_kind, with_blocks
 from trainwise.trace.fake_model import materialize_fake
 from trainwise.trace.flops_formulas import model_flop_formulas
 from trainwise.trace.moe_kernels import traceable_experts
+from trainwise.trace.plain_batch import PlainBatchMode
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,7 @@ def _count(model: nn.Module, batch_fn, plan: Plan, task: str | None) -> FlopCoun
     # changes memory, not the FLOPs counted.
     model = prepare_model(model, plan, precision_policy(plan.precision, "cuda"), task)
     formulas = model_flop_formulas()
-    with traceable_experts(), FakeTensorMode(allow_non_fake_inputs=False):
+    with traceable_experts(), traceable_ctc_loss(), FakeTensorMode(allow_non_fake_inputs=False), PlainBatchMode():
         materialize_fake(model, "cpu")
         batch = batch_fn()
         with FlopCounterMode(display=False, custom_mapping=formulas) as forward_counter:

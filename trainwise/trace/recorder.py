@@ -12,6 +12,7 @@ from torch.utils._pytree import tree_leaves
 
 from trainwise.trace.blocks import NO_BLOCK, BlockTracker
 from trainwise.trace.module_scope import ModuleScope
+from trainwise.trace.plain_batch import SCALAR_READS, PlainBatchAnswers
 
 ALLOC, FREE = "alloc", "free"
 
@@ -53,33 +54,23 @@ class AllocationRecorder(TorchDispatchMode):
         self._live: dict[int, int] = {}  # id(storage object) -> key
         self._weakrefs: dict[int, weakref.ref] = {}
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._on_save, _identity)
-        self._existence_answers: weakref.WeakSet = weakref.WeakSet()
+        self.answers = PlainBatchAnswers()  # what fake tensors cannot say (plain_batch.py)
         self._recording = False
         self.costs = None  # an OpCostRecorder (op_costs.py), fed every op after setup
         # op -> fix(outputs, *args, **kwargs): outputs as the target device's kernel returns
         # them where the fake kernel differs (trainwise/trace/layer_norm_stats.py)
         self.output_fixes: dict = {}
 
-    def bool_read_answer(self, tensor: torch.Tensor) -> bool:
-        """A fake boolean has no value, but model code branches on some. The batch a trace
-        runs is a plain synthetic one (every token attended, one sequence per row, finite
-        numbers), so "does every element satisfy ...?" (`all`) is answered True and "is
-        there any ...?" (`any`: padding, NaN, overflow) False, as a real step would see."""
-        return tensor not in self._existence_answers
-
     # -------------------------------------------------------------- dispatch
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in _SCALAR_READS:
-            if args[0].dtype == torch.bool:
-                return self.bool_read_answer(args[0])
-            return _stand_in_scalar(args[0].dtype)
-        out = func(*args, **(kwargs or {}))
+        if func in SCALAR_READS:
+            return self.answers.read(args[0])
+        out = self.answers.run(func, args, kwargs or {})
         fix = self.output_fixes.get(func)
         if fix is not None:
             out = fix(out, *args, **(kwargs or {}))
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-        if func.overloadpacket in _EXISTENCE_QUESTIONS:
-            self._existence_answers.update(outputs)
+        self.answers.note(func, args, outputs)
         if self.costs is not None and self.phase != "setup":
             self.costs.record(func, args, kwargs, out, outputs, self.phase, self.scope.current)
         block = self._current_block()
@@ -184,19 +175,10 @@ class AllocationRecorder(TorchDispatchMode):
             self.records[key].saved_in.add(self.phase)
 
 
-_SCALAR_READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
-_EXISTENCE_QUESTIONS = (torch.ops.aten.any,)
 # Phases in which a new storage made outside any block's work belongs to the block of the
 # storages it was computed from (optimizer state and temporaries; the model's head, on the
 # last block's output). Not "data": the batch belongs to no block.
 _OWNED_BY_INPUTS = ("setup", "forward", "backward", "optimizer", "zero_grad")
-
-
-def _stand_in_scalar(dtype: torch.dtype):
-    """A fake tensor has no value, yet optimizers read their step counter and loss scalers
-    their overflow flag with .item(). Memory never depends on those values, so a stand-in
-    (step 1) lets the step run on. Booleans: see AllocationRecorder.bool_read_answer."""
-    return 1.0 if dtype.is_floating_point else 1
 
 
 def _identity(x):

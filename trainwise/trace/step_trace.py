@@ -16,6 +16,7 @@ from trainwise.step.precision import PrecisionPolicy
 from trainwise.step.selective_checkpoint import observe_kept
 from trainwise.trace.autocast_policy import autocast_for_target, cuda_autocast_kernels
 from trainwise.trace.blocks import BlockTracker
+from trainwise.trace.ctc_loss import traceable_ctc_loss
 from trainwise.trace.cuda_kernels import cuda_kernel_choices
 from trainwise.trace.fake_model import materialize_fake
 from trainwise.trace.layer_norm_stats import layer_norm_fixes
@@ -75,7 +76,7 @@ def trace_training_step(model: nn.Module, batch_fn, plan: Plan, target_device_ty
     low_precision = policy.param_dtype != torch.float32 or policy.autocast_dtype is not None
     recorder.output_fixes.update(layer_norm_fixes(target_device_type, low_precision))
     offloaded_activations(model, recorder, target_device_type)
-    with traceable_experts(), fake_tensors_are_not_tracing(), cuda_kernel_choices(target_device_type), \
+    with traceable_experts(), traceable_ctc_loss(), fake_tensors_are_not_tracing(), cuda_kernel_choices(target_device_type), \
             documents_in_every_row(plan.packing == "documents"), \
             FakeTensorMode(allow_non_fake_inputs=False), scope, blocks, recorder:
         materialize_fake(model, "cpu")

@@ -7,7 +7,7 @@ grouped-query attention it then also repeats K and V). Our fake step is a real e
 step in every other respect, so within the trace we tell transformers a fake tensor is
 not a tracing proxy. The value-dependent questions it then asks ("is the mask all ones?",
 "are the positions one unpacked sequence?") are answered by the recorder the way a real
-synthetic batch answers them (see recorder.py `bool_read_answer`)."""
+synthetic batch answers them (see plain_batch.py)."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ import torch
 
 from trainwise.engine.data.builtin_corpus import SOURCE_NAME, builtin_documents
 from trainwise.engine.data.chat import chat_data
+from trainwise.engine.data.image_folder import image_folder_data
 from trainwise.engine.data.order import EVAL_STREAM, MicroBatchOrder, mixed_seed
 from trainwise.engine.data.packing import MIN_ROW_TOKENS, PackedCorpus, held_out_batches, pack
 from trainwise.engine.data.text_files import read_documents
@@ -30,14 +31,20 @@ def build_data(run: RunConfig, spec: ModelSpec, plan: Plan, *, rank: int = 0, wo
     if run.chat and run.data in ("synthetic", "builtin"):
         raise InputError("--chat", f"formats conversations from a file; --data {run.data} has none: give "
                                    "--data FILE (.jsonl, .parquet, a saved dataset...) with a messages field")
+    if run.synthetic_batches and run.data != "synthetic":
+        raise InputError("--synthetic-batches", f"repeats synthetic micro-batches; --data {run.data} is not synthetic: "
+                                                "drop --synthetic-batches or pass --data synthetic")
     if run.data == "synthetic":
         return _synthetic(run, spec, plan, rank, world_size)
+    if spec.task == "image-cls" and run.data != "builtin":
+        return image_folder_data(run, spec, plan, rank, world_size)
     return _text(run, spec, plan, rank, world_size)
 
 
 def _synthetic(run: RunConfig, spec: ModelSpec, plan: Plan, rank: int, world_size: int) -> TrainData:
     documents = plan.packing == "documents"
-    dataset = SyntheticMicroBatches(spec, plan.batch_size, plan.seq_len, run.seed, rank, world_size, documents)
+    dataset = SyntheticMicroBatches(spec, plan.batch_size, plan.seq_len, run.seed, rank, world_size, documents,
+                                    distinct=run.synthetic_batches)
 
     def evaluation(n: int) -> list:
         return [dataset.batch(mixed_seed(run.seed, EVAL_STREAM, i)) for i in range(n)]
@@ -47,15 +54,20 @@ def _synthetic(run: RunConfig, spec: ModelSpec, plan: Plan, rank: int, world_siz
                                                       f"{plan.batch_size} x {plan.seq_len} tokens per micro-batch"
                                                       + ("; rows cut into random-length documents, attention "
                                                          "masked across them (--packing documents)"
-                                                         if documents else ""),
+                                                         if documents else "")
+                                                      + (f"; the first {run.synthetic_batches} micro-batches, "
+                                                         "repeated (--synthetic-batches)" if run.synthetic_batches
+                                                         else ""),
                      tokens_per_micro_batch=plan.batch_size * plan.seq_len, micro_batches_per_epoch=None,
                      workers=plan.workers, pin_memory=plan.pin_memory, seed=run.seed)
 
 
 def _text(run: RunConfig, spec: ModelSpec, plan: Plan, rank: int, world_size: int) -> TrainData:
     if spec.task != TEXT_TASK:
-        raise InputError("--data", f"text data trains causal-lm models, and {spec.name} is set up for {spec.task}; "
-                                   "use --data synthetic for seq-cls/seq2seq/masked-lm, or pass --task causal-lm")
+        other = " or pass --task causal-lm" if "causal-lm" in spec.allowed_tasks else ""
+        raise InputError("--data", f"text data trains causal-lm models, and {spec.name} is set up for {spec.task}: "
+                                   f"use --data synthetic{other}"
+                                   + (" or a folder of class subfolders of images" if spec.task == "image-cls" else ""))
     if run.chat:
         return chat_data(run, spec, plan, rank, world_size)
     tokenizer = LocalTokenizer(run.tokenizer) if run.tokenizer else ByteTokenizer()

@@ -32,15 +32,18 @@ class PackedMicroBatches(Dataset):
 class SyntheticMicroBatches(Dataset):
     """Micro-batch number -> random tokens from a generator seeded by (seed, number), for
     any task. Rank r of w draws the numbers r, r + w, r + 2w, ... of one shared sequence.
-    `documents`: rows cut into random-length packed documents (--packing documents)."""
+    `documents`: rows cut into random-length packed documents (--packing documents).
+    `distinct` > 0: only the first `distinct` numbers of the sequence are drawn, then they
+    repeat (--synthetic-batches: a fixed set the model can fit)."""
 
     def __init__(self, spec: ModelSpec, batch_size: int, seq_len: int, seed: int, rank: int, world_size: int,
-                 documents: bool = False):
+                 documents: bool = False, distinct: int = 0):
         self.spec, self.batch_size, self.seq_len, self.seed = spec, batch_size, seq_len, seed
-        self.rank, self.world_size, self.documents = rank, world_size, documents
+        self.rank, self.world_size, self.documents, self.distinct = rank, world_size, documents, distinct
 
     def __getitem__(self, number: int) -> dict[str, torch.Tensor]:
-        return self.batch(mixed_seed(self.seed, TRAIN_STREAM, number * self.world_size + self.rank))
+        index = number * self.world_size + self.rank
+        return self.batch(mixed_seed(self.seed, TRAIN_STREAM, index % self.distinct if self.distinct else index))
 
     def batch(self, generator_seed: int) -> dict[str, torch.Tensor]:
         generator = torch.Generator().manual_seed(generator_seed)
