@@ -28,6 +28,8 @@ class RunConfig:
                                      "micro-batch new", minimum=0)
     tokenizer: str | None = knob(None, "local Hugging Face tokenizer directory (for file data; "
                                        "default: byte tokens)", optional=True, kind=str)
+    tokenize_workers: int = knob(0, "processes that tokenize --data files, once: the ids are cached, memory-mapped "
+                                    "(0: one per core up to 8 above 64 MB of text, else 1)", minimum=0)
     text_field: str = knob("text", "field holding the text in .jsonl/.csv/.parquet/saved data")
     data_split: str = knob("train", "split of a DatasetDict saved with save_to_disk")
     chat: str | None = knob(None, "train on conversations: FIELD holds a list of {role, content} messages, formatted "

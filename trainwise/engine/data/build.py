@@ -3,6 +3,8 @@ after checking that the data, the tokenizer and the model fit together."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from trainwise.engine.data.builtin_corpus import SOURCE_NAME, builtin_documents
@@ -10,7 +12,8 @@ from trainwise.engine.data.chat import chat_data
 from trainwise.engine.data.image_folder import image_folder_data
 from trainwise.engine.data.order import EVAL_STREAM, MicroBatchOrder, mixed_seed
 from trainwise.engine.data.packing import MIN_ROW_TOKENS, PackedCorpus, held_out_batches, pack
-from trainwise.engine.data.text_files import read_documents
+from trainwise.engine.data.text_files import text_records
+from trainwise.engine.data.token_cache import tokenized_corpus, tokenizer_workers
 from trainwise.engine.data.tokens import ByteTokenizer, LocalTokenizer
 from trainwise.engine.data.train_data import PackedMicroBatches, SyntheticMicroBatches, TrainData
 from trainwise.engine.run_config import RunConfig
@@ -74,11 +77,7 @@ def _text(run: RunConfig, spec: ModelSpec, plan: Plan, rank: int, world_size: in
     vocab_field = "--tokenizer" if run.tokenizer else "--data"
     _check_vocab(tokenizer.vocab_needed, f"{tokenizer.name} use", spec, vocab_field)
     document_end = _document_end(plan, tokenizer)
-    if run.data == "builtin":
-        documents, origin = builtin_documents(), f"builtin corpus ({SOURCE_NAME})"
-    else:
-        documents, origin = read_documents(run.data, run.text_field, run.data_split), run.data
-    stream = tokenizer.stream(documents)
+    stream, origin, text_bytes, read_note = _token_stream(run, tokenizer)
     if len(stream):
         _check_vocab(int(stream.max()) + 1, f"{origin} tokenised gives", spec, vocab_field)
     train_rows_needed = plan.batch_size * world_size
@@ -88,14 +87,29 @@ def _text(run: RunConfig, spec: ModelSpec, plan: Plan, rank: int, world_size: in
     _check_enough(packed, stream, origin, plan, train_rows_needed)
     with_mask = "attention_mask" in example_batch(spec, 1, 1)
     order = MicroBatchOrder(len(packed.train), plan.batch_size, run.seed, rank, world_size)
-    text_bytes = sum(len(d.encode("utf-8")) for d in documents)
     return TrainData(PackedMicroBatches(packed.train, order, with_mask, document_end),
                      lambda n: held_out_batches(packed.held_out, plan.batch_size, n, with_mask, document_end),
                      description=_describe(origin, tokenizer.name, text_bytes, len(stream), packed, plan.seq_len)
-                     + _PACKING_NOTES[plan.packing],
+                     + read_note + _PACKING_NOTES[plan.packing],
                      tokens_per_micro_batch=plan.batch_size * int(packed.train.lengths.max()),
                      micro_batches_per_epoch=order.per_epoch, workers=plan.workers, pin_memory=plan.pin_memory,
                      seed=run.seed)
+
+
+def _token_stream(run: RunConfig, tokenizer) -> tuple[torch.Tensor, str, int, str]:
+    """(token ids, where they came from, UTF-8 bytes of text, a note on how they were read).
+    Files are tokenized once into a memory-mapped token file (engine/data/token_cache.py);
+    the builtin corpus, under a megabyte, in memory."""
+    if run.data == "builtin":
+        documents = builtin_documents()
+        return (tokenizer.stream(documents), f"builtin corpus ({SOURCE_NAME})",
+                sum(len(d.encode("utf-8")) for d in documents), "")
+    records, field = text_records(run.data, run.text_field, run.data_split)
+    workers = tokenizer_workers(run.tokenize_workers, [Path(f) for f in records.files])
+    corpus = tokenized_corpus(records.dataset, field, tokenizer, workers)
+    how = ("token ids read from the cache (tokenized by an earlier run)" if corpus.cached
+           else f"tokenized by {corpus.workers} process{'es' if corpus.workers > 1 else ''}")
+    return corpus.stream, run.data, corpus.text_bytes, f"; {how}, memory-mapped"
 
 
 _PACKING_NOTES = {"stream": "; documents joined by the end-of-document id, attention crosses them (--packing stream)",

@@ -55,7 +55,8 @@ class PackedCorpus:
 
 def pack(stream: torch.Tensor, seq_len: int, pad_id: int, train_rows_needed: int,
          held_out_rows_wanted: int) -> PackedCorpus:
-    """Cut `stream` (int64 token ids) into rows of `seq_len` tokens.
+    """Cut `stream` (int64, or int32 from a token file: engine/data/token_cache.py) into
+    rows of `seq_len` tokens; the training rows are a view of it, not a copy.
 
     Holds out about HELD_OUT_SHARE of the full rows (at least `held_out_rows_wanted`, at
     most MAX_HELD_OUT_SHARE, never leaving fewer than `train_rows_needed` to train on).
@@ -87,7 +88,7 @@ def causal_lm_batch(ids: torch.Tensor, lengths: torch.Tensor, with_mask: bool,
     them itself), with padding masked out. Full rows come back exactly `seq_len` wide.
     `document_end`: the end-of-document id, to pack documents (--packing documents)."""
     width = _batch_width(int(lengths.max()), ids.shape[1])
-    ids = ids[:, :width].clone()  # never a view of the corpus the caller might change
+    ids = ids[:, :width].to(torch.long, copy=True)  # never a view of the corpus (an int32 token file)
     real = torch.arange(width) < lengths[:, None]
     if document_end is not None:
         return as_documents(ids, ids.masked_fill(~real, IGNORE_INDEX), _document_starts(ids, lengths, document_end))

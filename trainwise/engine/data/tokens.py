@@ -27,6 +27,14 @@ class ByteTokenizer:
     eos_id = BYTE_EOS
     vocab_needed = BYTE_VOCAB
 
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text's UTF-8 bytes (no end id: the caller adds it)."""
+        return [list(text.encode("utf-8")) for text in texts]
+
+    def identity(self) -> str:
+        """What decides the ids, for cache keys."""
+        return "utf-8 bytes, end 256"
+
     def stream(self, documents: Sequence[str]) -> torch.Tensor:
         """All documents' bytes in order, each followed by BYTE_EOS (int64)."""
         if not documents:
@@ -62,17 +70,25 @@ class LocalTokenizer:
         """The transformers tokenizer itself (chat templates, special tokens)."""
         return self._tokenizer
 
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text's token ids, without special tokens (no end id: the caller adds it)."""
+        # verbose=False: documents longer than the tokenizer's model_max_length are
+        # expected here (they are packed into rows later), so no warning about it.
+        return self._tokenizer(list(texts), add_special_tokens=False, return_attention_mask=False,
+                               verbose=False)["input_ids"]
+
+    def identity(self) -> str:
+        """What decides the ids (its serialised vocabulary and rules), for cache keys."""
+        backend = getattr(self._tokenizer, "backend_tokenizer", None)
+        return backend.to_str() if backend is not None else repr(sorted(self._tokenizer.get_vocab().items()))
+
     def stream(self, documents: Sequence[str]) -> torch.Tensor:
         """All documents' token ids in order, each followed by the end-of-document id
         (eos, else sep; nothing when the tokenizer has neither)."""
         separator = [] if self.eos_id is None else [self.eos_id]
         pieces: list[list[int]] = []
         for start in range(0, len(documents), ENCODE_CHUNK):
-            chunk = list(documents[start:start + ENCODE_CHUNK])
-            # verbose=False: documents longer than the tokenizer's model_max_length are
-            # expected here (they are packed into rows later), so no warning about it.
-            encoded = self._tokenizer(chunk, add_special_tokens=False, return_attention_mask=False, verbose=False)
-            for ids in encoded["input_ids"]:
+            for ids in self.encode_batch(documents[start:start + ENCODE_CHUNK]):
                 pieces.extend((ids, separator))
         total = sum(len(piece) for piece in pieces)
         ids = np.fromiter(itertools.chain.from_iterable(pieces), dtype=np.int64, count=total)
