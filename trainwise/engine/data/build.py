@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from trainwise.engine.data.audio_folder import audio_folder_data
 from trainwise.engine.data.builtin_corpus import SOURCE_NAME, builtin_documents
 from trainwise.engine.data.chat import chat_data
 from trainwise.engine.data.image_folder import image_folder_data
@@ -41,6 +42,8 @@ def build_data(run: RunConfig, spec: ModelSpec, plan: Plan, *, rank: int = 0, wo
         return _synthetic(run, spec, plan, rank, world_size)
     if spec.task == "image-cls" and run.data != "builtin":
         return image_folder_data(run, spec, plan, rank, world_size)
+    if spec.task in ("ctc", "speech-seq2seq") and run.data != "builtin":
+        return audio_folder_data(run, spec, plan, rank, world_size)
     return _text(run, spec, plan, rank, world_size)
 
 
@@ -70,7 +73,9 @@ def _text(run: RunConfig, spec: ModelSpec, plan: Plan, rank: int, world_size: in
         other = " or pass --task causal-lm" if "causal-lm" in spec.allowed_tasks else ""
         raise InputError("--data", f"text data trains causal-lm models, and {spec.name} is set up for {spec.task}: "
                                    f"use --data synthetic{other}"
-                                   + (" or a folder of class subfolders of images" if spec.task == "image-cls" else ""))
+                                   + (" or a folder of class subfolders of images" if spec.task == "image-cls" else "")
+                                   + (" or a folder of audio files with a metadata.csv"
+                                      if spec.task in ("ctc", "speech-seq2seq") else ""))
     if run.chat:
         return chat_data(run, spec, plan, rank, world_size)
     tokenizer = LocalTokenizer(run.tokenizer) if run.tokenizer else ByteTokenizer()
