@@ -6,6 +6,8 @@ unfused norms and MLPs keep and Liger does not), and is priced as one op per ker
 from __future__ import annotations
 
 import copy
+import json
+import sys
 
 import pytest
 import torch
@@ -76,11 +78,29 @@ def test_the_rotary_stand_in_rotates_q_and_k_as_the_unfused_function_in_their_st
                     [q_rows, k_rows])
 
 
-def test_the_patched_model_trains_as_the_unpatched_one_and_restores_the_rotary_function():
+def _tiny_config_folder(tmp_path, family: str, architecture: str) -> str:
+    """A Hugging Face folder (config only) of a two-block model of `family`: the catalog
+    has no Gemma or Qwen3 model small enough for a test."""
+    config = {"model_type": family, "architectures": [architecture], "hidden_size": 64, "intermediate_size": 176,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+              "vocab_size": 1024, "max_position_embeddings": 256}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("family, architecture", [("llama", None), ("gemma", "GemmaForCausalLM"),
+                                                  ("gemma2", "Gemma2ForCausalLM"),
+                                                  ("gemma3_text", "Gemma3ForCausalLM"), ("qwen3", "Qwen3ForCausalLM")])
+def test_the_patched_model_trains_as_the_unpatched_one_and_restores_the_rotary_function(family, architecture,
+                                                                                         tmp_path):
     torch.manual_seed(0)
-    spec = resolve_model("tiny-llama")
+    spec = resolve_model("tiny-llama" if architecture is None else _tiny_config_folder(tmp_path, family, architecture))
     model = build_model(spec, "cpu")
-    patched = patch_liger_stand_in(copy.deepcopy(model), "llama", liger_arguments("llama", "causal-lm"), "causal-lm")
+    with torch.no_grad():  # Gemma's norm weights start at zero: a wrong offset would not show
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_()
+    patched = patch_liger_stand_in(copy.deepcopy(model), family, liger_arguments(family, "causal-lm"), "causal-lm")
     assert patched.model.norm.forward.__func__.__name__ == "_norm_forward"  # the patch is in place
     assert patched.model.layers[0].mlp.forward.__func__.__name__ == "_gated_mlp_forward"
     batch = example_batch(spec, *TOKENS, "cpu", generator=torch.Generator().manual_seed(0))
@@ -90,7 +110,8 @@ def test_the_patched_model_trains_as_the_unpatched_one_and_restores_the_rotary_f
     candidate.backward()
     for (name, p), q in zip(model.named_parameters(), patched.parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
-    assert modeling_llama.apply_rotary_pos_emb is not stand_in_rotary_pos_emb  # swapped only while attending
+    family_module = sys.modules[type(patched.model.layers[0].self_attn).__module__]
+    assert family_module.apply_rotary_pos_emb is not stand_in_rotary_pos_emb  # swapped only while attending
 
 
 def _liger_saves_less(spec, tokens: int) -> int:
