@@ -161,3 +161,28 @@ def test_estimate_still_refuses_liger_where_it_cannot_run(model, device, says, c
     assert code == 2 and len(err) == 1 and err[0].startswith("trainwise: error: --kernels: ") and says in err[0]
     fault_log(kind="bad input", case=f"estimate {model} --device {device} --kernels liger", exit_code=2,
               message=err[0])
+
+
+def test_the_plan_search_tries_liger_on_a_cuda_target_and_keeps_it_when_predicted_faster():
+    from trainwise.api.plan import plan_search
+
+    fixed = {"device", "precision", "optim", "attention", "grad_ckpt", "batch_size", "seq_len", "lora_rank"}
+    base = Plan(device="H100", precision="bf16", optim="adamw", attention="sdpa", grad_ckpt=False,
+                batch_size=TOKENS[0], seq_len=TOKENS[1])
+    report = plan_search("tiny-llama", base, fixed)
+    best, plain = report.result.ranked[0], next(c for c in report.result.ranked if c.plan.kernels == "none")
+    assert best.plan.kernels == "liger" and best.exact
+    assert best.step_s < plain.step_s and best.memory_bytes <= plain.memory_bytes
+    assert "Liger kernels" in report.result.notes[-1]  # composed around the confirmed plans, and said so
+
+
+@pytest.mark.parametrize("kind, source, installed, searched", [("cpu", "generic", True, False),
+                                                               ("cuda", "catalog", False, True),
+                                                               ("cuda", "detected", False, False),
+                                                               ("cuda", "detected", True, True)])
+def test_liger_is_searched_where_it_can_run(kind, source, installed, searched, monkeypatch):
+    from trainwise.hardware import Device
+    from trainwise.planner import refine
+
+    monkeypatch.setattr(refine, "installed", lambda package: installed and package == "liger_kernel")
+    assert refine.liger_can_run(Device(kind=kind, name="test", source=source)) is searched
