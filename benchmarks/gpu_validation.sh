@@ -64,7 +64,7 @@ for name in "$@"; do
     plan)  # issue 16: the planner's pick for Llama-3.2-1B at seq 2048, its top 3 run for real
       stage plan-verify "${LIMIT_PLAN:-420}" $py -m trainwise plan Llama-3.2-1B --device cuda --seq-len 2048 --global-batch 64 --verify 3 --json --out "$out/plans"
       ;;
-    engine-speed)  # issue 17: fastest plan vs the Trainer's hand configuration; the 8B fit; new knobs' memory
+    engine-speed)  # issue 17: fastest plan vs the Trainer's hand configuration; the 8B fit; new knobs' memory (the liger rows: predicted from the traced stand-in vs measured peak)
       # Needs pip install 'trainwise[gpu]' (liger-kernel, torchao). The default limits add up
       # to 25 minutes, so the stage fits one 30-minute device session on its own.
       stage engine-speed-llama-1b "${LIMIT_ENGINE_LLAMA:-420}" $py benchmarks/engine_speed.py Llama-3.2-1B --seq-len 2048 --precision bf16 --optim adamw-fused --attention sdpa --kernels liger --float8 --compile --grad-ckpt --grad-ckpt-policy selective --batch-sizes 4,8,16 --steps 20 --repeats 2 --rows "$out/engine-speed-rows.json"

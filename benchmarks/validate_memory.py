@@ -114,12 +114,14 @@ MATRIX: tuple[Config, ...] = (
     # --activation-offload: the device peak without the blocks' saved tensors (host copies).
     _llama("llama-1b b4 bf16 act-offload", batch_size=4, activation_offload=True),
     _llama("llama-1b b4 bf16 ckpt act-offload", batch_size=4, grad_ckpt=True, activation_offload=True),
-    # GPU-only knobs (issue 17). estimate refuses --kernels liger (its Triton kernels do not
-    # run on fake tensors), so those rows are measured with no prediction beside them; the
-    # float8 rows are eager here and in the estimate (the run needs --compile for speed,
-    # not for its memory to be compared).
+    # GPU-only knobs (issue 17). --kernels liger is predicted from a traced stand-in that
+    # keeps what Liger's kernels keep (docs/estimate.md, Fused kernels) and measured with
+    # Liger's Triton kernels; with --loss fused its loss is Liger's fused linear
+    # cross-entropy. The float8 rows are eager here and in the estimate (the run needs
+    # --compile for speed, not for its memory to be compared).
     _llama("llama-1b b4 bf16 liger", batch_size=4, kernels="liger"),
     _llama("llama-1b b4 bf16 ckpt liger", batch_size=4, grad_ckpt=True, kernels="liger"),
+    _llama("llama-1b b4 bf16 ckpt liger fused-loss", batch_size=4, grad_ckpt=True, kernels="liger", loss="fused"),
     _llama("llama-1b b4 bf16 float8", batch_size=4, float8=True),
     _llama("llama-1b b4 bf16-pure ckpt float8", batch_size=4, precision="bf16-pure", grad_ckpt=True, float8=True),
     _llama("llama-1b b4 bf16 packed documents", batch_size=4, packing="documents"),

@@ -122,19 +122,16 @@ def test_liger_is_refused_for_a_family_it_does_not_patch_naming_the_ones_it_does
 
 
 @pytest.mark.fault
-def test_liger_needs_the_package_here_and_estimate_says_it_does_not_model_it(monkeypatch, capsys, fault_log):
+def test_liger_needs_the_package_here_but_estimate_predicts_for_elsewhere(monkeypatch, fault_log):
     plan = Plan(device="H100", kernels="liger", precision="bf16")
     for model in ("tiny-llama", "Mistral-7B-v0.1", "Qwen2.5-0.5B"):  # families Liger patches pass here
         check_request(plan, resolve_device("H100"), resolve_model(model), here=False)
     monkeypatch.setattr(kernels_module, "installed", lambda package: False)
     missing = _refusal(plan, here=True)
     assert missing.field == "--kernels" and "pip install 'trainwise[gpu]'" in missing.message
-    message = _one_line_exit_2(capsys, ["estimate", "tiny-llama", *SMALL, "--device", "H100", "--kernels", "liger",
-                                        "--precision", "bf16"], "--kernels")
-    assert "not supported yet by estimate" in message
+    check_request(plan, resolve_device("H100"), resolve_model("tiny-llama"), here=False)  # estimate: traced stand-in
     fault_log(kind="bad input", case="train --kernels liger without liger-kernel", exit_code=2,
               message=f"trainwise: error: {missing}")
-    fault_log(kind="bad input", case="estimate --kernels liger", exit_code=2, message=message)
 
 
 def test_liger_patches_every_kernel_and_fuses_the_loss_only_when_asked_under_a_language_model_head():
@@ -148,7 +145,8 @@ def test_liger_patches_every_kernel_and_fuses_the_loss_only_when_asked_under_a_l
 
 def test_the_recipe_hands_the_built_model_to_the_family_patch(monkeypatch):
     """The engine's recipe patches the unmodified model it built, through the family's own
-    Liger function (a recording stand-in for liger_kernel, which needs Triton)."""
+    Liger function (a recording stand-in for liger_kernel, which needs Triton); a model on
+    the meta device (a trace) gets trainwise's traced stand-in instead."""
     from trainwise.step import precision_policy, prepare_model
 
     calls = []
@@ -156,12 +154,15 @@ def test_the_recipe_hands_the_built_model_to_the_family_patch(monkeypatch):
     stand_in.apply_liger_kernel_to_llama = lambda model, **options: calls.append((model, options))
     monkeypatch.setitem(sys.modules, "liger_kernel", types.ModuleType("liger_kernel"))
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers", stand_in)
-    model = build_model(resolve_model("tiny-llama"), "meta")
+    model = build_model(resolve_model("tiny-llama"), "cpu")
     prepared = prepare_model(model, Plan(kernels="liger"), precision_policy("fp32", "cpu"), "causal-lm")
     assert prepared is model and [c[0] for c in calls] == [model]
     assert calls[0][1] == liger_arguments("llama", "causal-lm")
     prepare_model(build_model(resolve_model("tiny-llama"), "meta"), Plan(), precision_policy("fp32", "cpu"), "causal-lm")
-    assert len(calls) == 1  # --kernels none patches nothing
+    traced = prepare_model(build_model(resolve_model("tiny-llama"), "meta"), Plan(kernels="liger"),
+                           precision_policy("fp32", "cpu"), "causal-lm")
+    assert len(calls) == 1  # --kernels none patches nothing; a traced model gets the stand-in
+    assert traced.model.norm.forward.__func__.__name__ == "_norm_forward"
 
 
 def test_float8_converts_the_block_linears_and_leaves_the_head_and_odd_widths():

@@ -212,5 +212,6 @@ def test_narrow_techniques_are_composed_around_the_confirmed_plans_and_kept_when
 
 def test_a_gpu_search_says_the_kernels_it_does_not_try():
     notes = " ".join(space_for().notes)
-    assert "Liger kernels and float8 not searched" in notes and "compile not searched" in notes
-    assert not any("Liger" in note for note in space_for({"kernels": "none"}).notes)  # held by the user
+    assert "float8 not searched" in notes and "compile not searched" in notes
+    assert "Liger" not in notes  # composed around the confirmed plans (planner/refine.py)
+    assert not any("float8" in note for note in space_for({"float8": False}).notes)  # held by the user

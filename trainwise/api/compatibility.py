@@ -91,7 +91,3 @@ def check_estimate_support(plan: Plan) -> None:
         raise NotSupportedYet("--compile", "estimate (its memory is at most the eager estimate; drop the flag)")
     if plan.classic != "none":
         raise NotSupportedYet("--classic", "estimate (it would show one device's figure, not each GPU's)")
-    if plan.kernels != "none":
-        raise NotSupportedYet("--kernels", "estimate (Liger's Triton kernels cannot run on fake tensors and what "
-                                           "they save for backward is not modelled yet; estimate without --kernels "
-                                           "keeps the full logits and the unfused activations)")

@@ -1,9 +1,9 @@
 """After the screen: the techniques whose effect is narrow, composed from a few exact
 estimates instead of traced across the whole screen.
 
-The fused loss, selective checkpointing, checkpointing every other block and activation
-offload change memory and time in a few places (the logits, what a checkpoint keeps, the
-saved activations). Tracing each across the whole screen would multiply its cost, so
+The fused loss, selective checkpointing, checkpointing every other block, activation
+offload and Liger's kernels change memory and time in a few places (the logits, what a
+checkpoint keeps, the saved activations, the norms' and MLPs' element-wise work). Tracing each across the whole screen would multiply its cost, so
 each is measured exactly on the best plan of each checkpointing choice (whether the blocks
 keep their activations decides what offload can move): the memory it frees
 per sample of the micro-batch and the factor it puts on the step time. Those are applied
@@ -19,6 +19,7 @@ from typing import Callable
 
 from trainwise.common.errors import InputError
 from trainwise.hardware import Device
+from trainwise.hardware.installation import installed
 from trainwise.planner.candidate import Candidate
 from trainwise.planner.search import Evaluator, SearchResult, candidate_of, confirm, fits, rank_key
 from trainwise.planner.space import Space
@@ -28,12 +29,14 @@ from trainwise.plan.plan import Plan
 @dataclass(frozen=True)
 class Refinement:
     """One technique: its name in notes, the knob changes, when it applies to a plan, and
-    whether it is worth trying given the best plan so far (`useful`)."""
+    whether it is worth trying given the best plan so far (`useful`) and on the target
+    device (`runs_on`)."""
 
     name: str
     changes: dict
     applies: Callable[[Plan], bool]
     useful: Callable[[Plan], bool] = lambda best: True
+    runs_on: Callable[[Device], bool] = lambda device: True
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,14 @@ class Effect:
 
     freed_per_sample: float
     time_factor: float
+
+
+def liger_can_run(device: Device) -> bool:
+    """Liger's Triton kernels need a CUDA target, and liger-kernel installed where the plan
+    will run: here for this machine's GPU (`train --plan auto`), unknown for a GPU named from
+    the catalog (the run may be elsewhere). A family Liger does not patch is refused by the
+    estimate, which the search then notes."""
+    return device.kind == "cuda" and (device.source == "catalog" or installed("liger_kernel"))
 
 
 REFINEMENTS = (
@@ -55,12 +66,14 @@ REFINEMENTS = (
                lambda p: p.grad_ckpt and p.grad_ckpt_every == 1, lambda best: best.grad_ckpt),
     Refinement("activation offload", {"activation_offload": True}, lambda p: not p.activation_offload,
                lambda best: best.grad_ckpt),
+    # Estimated from a stand-in that keeps what Liger's kernels keep (step/liger_stand_in.py).
+    Refinement("Liger kernels", {"kernels": "liger"}, lambda p: p.kernels == "none", runs_on=liger_can_run),
 )
 
 
-def refinements_for(space: Space) -> list[Refinement]:
-    """The refinements whose knobs the user did not fix."""
-    return [r for r in REFINEMENTS if not any(k in space.fixed for k in r.changes)]
+def refinements_for(space: Space, device: Device) -> list[Refinement]:
+    """The refinements whose knobs the user did not fix and that run on `device`."""
+    return [r for r in REFINEMENTS if not any(k in space.fixed for k in r.changes) and r.runs_on(device)]
 
 
 def refine(result: SearchResult, space: Space, device: Device, evaluator: Evaluator, top: int) -> SearchResult:
@@ -69,7 +82,7 @@ def refine(result: SearchResult, space: Space, device: Device, evaluator: Evalua
     if not result.ranked or not result.timed:
         return result
     ranked, screened, evaluations, notes = list(result.ranked), list(result.screened), 0, list(result.notes)
-    for refinement in refinements_for(space):
+    for refinement in refinements_for(space, device):
         if not refinement.useful(ranked[0].plan):
             notes.append(f"{refinement.name} not tried: the best plan does not checkpoint")
             continue
@@ -88,9 +101,9 @@ def refine(result: SearchResult, space: Space, device: Device, evaluator: Evalua
         screened += composed
         ranked = sorted({c.plan: c for c in ranked + measured + confirmed if fits(c, result.usable_bytes)}.values(),
                         key=lambda c: rank_key(c, True))[:top]
-    if refinements_for(space):
+    if refinements_for(space, device):
         notes.append("composed from exact estimates around the confirmed plans: "
-                     + ", ".join(r.name for r in refinements_for(space)))
+                     + ", ".join(r.name for r in refinements_for(space, device)))
     return SearchResult(ranked=ranked, screened=screened, usable_bytes=result.usable_bytes, timed=True,
                         evaluations=result.evaluations + evaluations, notes=notes)
 

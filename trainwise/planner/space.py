@@ -91,9 +91,9 @@ def build_space(base: Plan, fixed: frozenset[str], device: Device, allow: frozen
     if flash_refusal is not None and "attention" not in fixed:
         notes.append(f"flash attention not searched: {flash_refusal}")
     choices["attention"] = _pick(base, fixed, "attention", tuple(kernels))
-    if device.kind == "cuda" and not {"kernels", "float8"} & fixed:
-        notes.append("Liger kernels and float8 not searched: estimate cannot trace Liger's Triton kernels and "
-                     "prices float8 only as its eager step; add --kernels liger or --float8 --compile to hold them")
+    if device.kind == "cuda" and "float8" not in fixed:  # Liger's kernels are refined (planner/refine.py)
+        notes.append("float8 not searched: estimate prices float8 only as its eager step; add --float8 --compile "
+                     "to hold it")
     if "compile" not in fixed:
         notes.append("compile not searched: its effect on step time is not predicted (the estimate traces the "
                      "eager step); add --compile to hold it on")

@@ -4,8 +4,9 @@ Liger rebinds the forward of the existing norm and MLP modules, replaces the rot
 function of the family's transformers module, and (for a causal LM) the model's forward
 with one that computes the head and the cross-entropy in chunks without full logits.
 
-Triton kernels run on CUDA only, and cannot run on fake tensors: `estimate` refuses the
-knob (trainwise/api/compatibility.py) rather than predict a step it did not trace."""
+Triton kernels run on CUDA only, and cannot run on fake tensors: a model built on the meta
+device (for the estimate's fake-tensor trace) gets a stand-in that keeps for backward what
+Liger's kernels keep (trainwise/step/liger_stand_in.py)."""
 
 from __future__ import annotations
 
@@ -73,12 +74,19 @@ def liger_arguments(family: str, task: str | None, loss: str = "default") -> dic
 
 def apply_kernels(model: nn.Module, plan, task: str | None) -> nn.Module:
     """Patch Liger's kernels into `model` (in place; returns it). Call on the built model
-    before LoRA wraps it, so the patch finds the family's own modules."""
+    before LoRA wraps it, so the patch finds the family's own modules. A model on the meta
+    device is one being traced: it gets the stand-in (its memory is Liger's, its ops plain
+    PyTorch that fake tensors can run)."""
     if plan.kernels == "none":
         return model
+    family = model.config.model_type
+    arguments = liger_arguments(family, task, plan.loss)
+    if any(p.is_meta for p in model.parameters()):
+        from trainwise.step.liger_stand_in import patch_liger_stand_in
+
+        return patch_liger_stand_in(model, family, arguments, task)
     import liger_kernel.transformers as liger
 
-    family = model.config.model_type
     patch = getattr(liger, LIGER_FAMILIES[family].function)
-    patch(model=model, **liger_arguments(family, task, plan.loss))
+    patch(model=model, **arguments)
     return model

@@ -24,6 +24,11 @@ Op classes (decided here, documented in docs/plan.md):
   time) but launch no kernel and move no bytes;
 * "elementwise": every other op, memory-bound, costed by the bytes it reads and writes.
 
+A custom op of the Liger stand-in (trainwise/step/liger_stand_in_ops.py) is one fused
+kernel: one op reading its inputs and writing its outputs and the tensors it overwrites
+once, classed by what it computes (RMSNorm: "normalization"; the gated activations:
+"transcendental"; the rotary embedding: "elementwise").
+
 Bytes are the sizes of the tensors an op reads and writes as it sees them (a view counts
 its own elements, not its whole storage). Ops run in backward while grad mode is on are
 the forward that activation checkpointing recomputes, when they run inside a module:
@@ -49,7 +54,8 @@ for _name in ("float8_e4m3fn", "float8_e5m2"):
         DTYPE_NAMES[getattr(torch, _name)] = "fp8"
 NORM_OPS = ("native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm", "_fused_rms_norm_backward",
             "native_group_norm", "native_group_norm_backward", "native_batch_norm", "native_batch_norm_backward",
-            "_native_batch_norm_legit", "_native_batch_norm_legit_no_training")
+            "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
+            "liger_rms_norm", "liger_rms_norm_backward")  # the Liger stand-in's (step/liger_stand_in_ops.py)
 ATTENTION_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
                  "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
                  "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward",
@@ -65,7 +71,8 @@ TRANSCENDENTAL_OPS = ("exp", "exp_", "exp2", "expm1", "log", "log_", "log1p", "l
                       "_softmax", "_softmax_backward_data", "_log_softmax", "_log_softmax_backward_data",
                       "_safe_softmax", "tanh", "tanh_", "sigmoid", "sigmoid_", "silu", "silu_", "silu_backward",
                       "gelu", "gelu_", "gelu_backward", "erf", "erf_", "erfinv", "sin", "cos", "softplus",
-                      "softplus_backward", "mish", "mish_backward", "elu", "elu_backward")
+                      "softplus_backward", "mish", "mish_backward", "elu", "elu_backward",
+                      "liger_gated_activation", "liger_gated_activation_backward")
 # Ops with no kernel. Views are recognised from their schema (an output aliasing an input);
 # `_unsafe_view` is a view whose schema does not say so.
 NO_KERNEL_OPS = ("_unsafe_view", "empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "detach",
@@ -112,7 +119,7 @@ class OpCostRecorder:
         flops = read = written = 0
         if op_class != "metadata":
             read = sum(_nbytes(t) for t in inputs)
-            written = sum(_nbytes(t) for t in outputs)
+            written = sum(_nbytes(t) for t in outputs) + _written_in_place(func, args)
             if op_class in ("matmul", "attention"):
                 flops = kernel_flops(func, args, kwargs or {}, out)
         # In a module's forward: backward() makes its first gradient with grad mode on too.
@@ -127,6 +134,16 @@ class OpCostRecorder:
             row[1] += flops
             row[2] += read
             row[3] += written
+
+
+def _written_in_place(func, args: tuple) -> int:
+    """Bytes a trainwise custom op (one fused kernel of a stand-in) writes into the tensors
+    it mutates: its schema declares them and it returns nothing for them, unlike aten's
+    in-place ops, whose outputs are the mutated tensors and already counted."""
+    if func.namespace != "trainwise":
+        return 0
+    return sum(_nbytes(value) for value, argument in zip(args, func._schema.arguments)
+               if isinstance(value, torch.Tensor) and argument.alias_info is not None and argument.alias_info.is_write)
 
 
 def _tensors(args: tuple, kwargs: dict | None) -> list[torch.Tensor]:
