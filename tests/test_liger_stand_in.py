@@ -152,14 +152,18 @@ def test_each_stand_in_kernel_is_priced_as_one_op_reading_and_writing_its_tensor
 
 
 @pytest.mark.fault
-@pytest.mark.parametrize("model, device, says", [("tiny-llama", "cpu", "needs a CUDA GPU"),
-                                                 ("tiny-gpt2", "H100", "needs a model of the families it patches")])
-def test_estimate_still_refuses_liger_where_it_cannot_run(model, device, says, capsys, fault_log):
+@pytest.mark.parametrize("model, device, extra, says", [
+    ("tiny-llama", "cpu", [], "needs a CUDA GPU"),
+    ("tiny-gpt2", "H100", [], "needs a model of the families it patches"),
+    ("tiny-llama", "H100", ["--grad-ckpt", "--grad-ckpt-policy", "selective"], "rotates q and k in place"),
+])
+def test_estimate_still_refuses_liger_where_it_cannot_run(model, device, extra, says, capsys, fault_log):
     code = main(["estimate", model, "--seq-len", "16", "--batch-size", "1", "--device", device,
-                 "--kernels", "liger", "--precision", "bf16"])
+                 "--kernels", "liger", "--precision", "bf16", *extra])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("trainwise: error: --kernels: ") and says in err[0]
-    fault_log(kind="bad input", case=f"estimate {model} --device {device} --kernels liger", exit_code=2,
+    fault_log(kind="bad input", case=f"estimate {model} --device {device} --kernels liger {' '.join(extra)}".strip(),
+              exit_code=2,
               message=err[0])
 
 
