@@ -3,6 +3,7 @@ explained, and the run files keep the contracts of docs/train.md."""
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -45,10 +46,14 @@ def test_metrics_file_keeps_the_design_contract(tmp_path):
     summary = lines[-1]["summary"]
     assert SUMMARY_KEYS <= summary.keys()
     assert summary["peak_allocated"] > 0 and summary["tokens_per_s"] > 0
-    # Each step's CPU seconds (all threads) beside its wall seconds: work was done, and no
-    # more CPU time than the threads had in the wall time.
-    threads = torch.get_num_threads()
-    assert all(0 < line["step_cpu_s"] <= threads * line["step_time_s"] * 1.05 + 1e-3 for line in lines[:-1])
+    # Each step's CPU seconds (every thread of the process) beside its wall seconds: work was
+    # done, and no more CPU time than the cores this process may run on had in the wall time,
+    # give or take one scheduler tick per core. The kernel credits a running thread's time to
+    # the process clock only at a tick (4-10 ms), so on 10 ms steps a step's CPU time can read
+    # 2.3x its wall time on 2 cores: a CI run failed on that with no slack for it.
+    cores = len(os.sched_getaffinity(0))
+    tick_s = 0.01
+    assert all(0 < line["step_cpu_s"] <= cores * (line["step_time_s"] * 1.05 + tick_s) for line in lines[:-1])
 
 
 def test_summary_sets_the_measured_peak_beside_the_prediction():
