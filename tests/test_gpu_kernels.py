@@ -113,6 +113,17 @@ def test_a_run_here_needs_torchao_and_compile_while_estimate_predicts_for_elsewh
 
 
 @pytest.mark.fault
+def test_estimate_of_float8_without_torchao_is_refused_with_the_install_line(monkeypatch, fault_log):
+    from trainwise.step import float8 as float8_module
+
+    monkeypatch.setattr(float8_module, "installed", lambda package: False)
+    refused = _refusal(Plan(device="H100", **F8), here=False)
+    assert refused.field == "--float8" and "torchao" in refused.message and "trainwise[gpu]" in refused.message
+    fault_log(kind="bad input", case="estimate --float8 without torchao", exit_code=2,
+              message=f"trainwise: error: {refused}")
+
+
+@pytest.mark.fault
 @pytest.mark.parametrize("model", ["tiny-gpt2", "tiny-bert", "tiny-mixtral", "tiny-t5"])
 def test_liger_is_refused_for_a_family_it_does_not_patch_naming_the_ones_it_does(model, fault_log):
     refused = _refusal(Plan(device="H100", kernels="liger", precision="bf16"), model)

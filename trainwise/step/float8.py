@@ -38,6 +38,12 @@ def check_float8(plan, device: Device, here: bool) -> None:
     _check_float8_device(device)
     if here:
         _check_float8_here(plan)
+    elif not installed("torchao"):
+        # The estimate traces torchao's own Float8Linear (its casts, scales and saved
+        # tensors), so it needs the package too, though not a GPU.
+        raise InputError("--float8", "is estimated by tracing torchao's float8 layers, and the torchao package is "
+                                     f"not installed here ({INSTALL_LINE}, or pip install torchao: the trace needs "
+                                     "no GPU)")
 
 
 def _check_float8_device(device: Device) -> None:
