@@ -13,10 +13,11 @@ with the tokenizer's chat template, one per row, the loss on the assistant turns
 Which samples micro-batch k holds depends only on (seed, k, rank), so resuming at k is exact.
 
 Files, one concept each: build.py (sources and checks), builtin_corpus.py, records.py
-(local files as records, each with its file and row), text_files.py (records -> documents),
-chat.py (conversations -> masked rows), tokens.py (bytes or a local tokenizer),
-packing.py (rows, held-out share, padding), order.py (shuffling per epoch, rank shares),
-train_data.py (TrainData, DataLoader), user_dataset.py (a tokenized datasets.Dataset)."""
+(local files as records, each with its file and row; a large .txt one per line),
+text_files.py (records -> documents), chat.py (conversations -> masked rows), tokens.py
+(bytes or a local tokenizer), packing.py (rows, held-out share, padding), order.py
+(shuffling per epoch, rank shares), train_data.py (TrainData, DataLoader),
+user_dataset.py (a tokenized datasets.Dataset)."""
 
 from trainwise.engine.data.build import build_data
 from trainwise.engine.data.train_data import TrainData

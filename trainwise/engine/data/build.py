@@ -111,7 +111,7 @@ def _token_stream(run: RunConfig, tokenizer) -> tuple[torch.Tensor, str, int, st
                 sum(len(d.encode("utf-8")) for d in documents), "")
     records, field = text_records(run.data, run.text_field, run.data_split)
     workers = tokenizer_workers(run.tokenize_workers, [Path(f) for f in records.files])
-    corpus = tokenized_corpus(records.dataset, field, tokenizer, workers)
+    corpus = tokenized_corpus(records.dataset, field, tokenizer, workers, document_ends=records.document_ends())
     how = ("token ids read from the cache (tokenized by an earlier run)" if corpus.cached
            else f"tokenized by {corpus.workers} process{'es' if corpus.workers > 1 else ''}")
     return corpus.stream, run.data, corpus.text_bytes, f"; {how}, memory-mapped"

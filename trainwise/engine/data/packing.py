@@ -2,7 +2,9 @@
 
 Documents arrive already joined by the end-of-document id, so cutting the stream every
 `seq_len` tokens gives full rows with no padding. The last `held_out` full rows and the
-stream's partial tail are kept for evaluation and never trained on. Padding happens
+stream's partial tail are kept for evaluation and never trained on. Training and held-out
+rows are views of the stream (a memory-mapped token file holds it: token_cache.py); only
+the tail, at most one row, is copied to be padded. Padding happens
 only where it cannot be avoided (a corpus shorter than one row, the evaluation tail):
 padded positions get attention_mask 0 and label -100, and a batch of short rows is
 trimmed to a multiple of 8 tokens rather than to `seq_len`.
@@ -46,17 +48,39 @@ class Rows:
 
 
 @dataclass(frozen=True)
+class HeldOutRows:
+    """The held-out rows: `full` ones (a view of the stream) and then the padded `tail`
+    (none or one row). Two parts, so that the full rows never need a padded copy."""
+
+    full: Rows
+    tail: Rows
+
+    def __len__(self) -> int:
+        return len(self.full) + len(self.tail)
+
+    def rows(self, start: int, stop: int) -> Rows:
+        """Rows start..stop of full-then-tail; copied (as int64) only where they span both parts."""
+        if stop <= len(self.full):
+            return Rows(self.full.ids[start:stop], self.full.lengths[start:stop])
+        head, tail = len(self.full), self.tail
+        if start >= head:
+            return Rows(tail.ids[start - head:stop - head], tail.lengths[start - head:stop - head])
+        return Rows(torch.cat([self.full.ids[start:].long(), tail.ids[:stop - head]]),
+                    torch.cat([self.full.lengths[start:], tail.lengths[:stop - head]]))
+
+
+@dataclass(frozen=True)
 class PackedCorpus:
     """A corpus cut into rows: `train` (what the model learns from) and `held_out`."""
 
     train: Rows
-    held_out: Rows
+    held_out: HeldOutRows
 
 
 def pack(stream: torch.Tensor, seq_len: int, pad_id: int, train_rows_needed: int,
          held_out_rows_wanted: int) -> PackedCorpus:
     """Cut `stream` (int64, or int32 from a token file: engine/data/token_cache.py) into
-    rows of `seq_len` tokens; the training rows are a view of it, not a copy.
+    rows of `seq_len` tokens; the training and full held-out rows are views of it, not copies.
 
     Holds out about HELD_OUT_SHARE of the full rows (at least `held_out_rows_wanted`, at
     most MAX_HELD_OUT_SHARE, never leaving fewer than `train_rows_needed` to train on).
@@ -64,15 +88,19 @@ def pack(stream: torch.Tensor, seq_len: int, pad_id: int, train_rows_needed: int
     """
     full = len(stream) // seq_len
     if full == 0:
-        return PackedCorpus(train=_padded([stream], seq_len, pad_id), held_out=_padded([], seq_len, pad_id))
+        return PackedCorpus(train=_padded([stream], seq_len, pad_id),
+                            held_out=HeldOutRows(_padded([], seq_len, pad_id), _padded([], seq_len, pad_id)))
     held = min(max(math.ceil(full * HELD_OUT_SHARE), held_out_rows_wanted),
                max(1, int(full * MAX_HELD_OUT_SHARE)), max(0, full - train_rows_needed))
     sequences = stream[:full * seq_len].view(full, seq_len)
-    train = sequences[:full - held]
     tail = stream[full * seq_len:]
-    held_out = list(sequences[full - held:]) + ([tail] if len(tail) >= MIN_ROW_TOKENS else [])
-    return PackedCorpus(train=Rows(train, torch.full((len(train),), seq_len, dtype=torch.long)),
-                        held_out=_padded(held_out, seq_len, pad_id))
+    return PackedCorpus(train=_full_rows(sequences[:full - held]),
+                        held_out=HeldOutRows(_full_rows(sequences[full - held:]),
+                                             _padded([tail] if len(tail) >= MIN_ROW_TOKENS else [], seq_len, pad_id)))
+
+
+def _full_rows(ids: torch.Tensor) -> Rows:
+    return Rows(ids, torch.full((len(ids),), ids.shape[1], dtype=torch.long))
 
 
 def _padded(rows: list[torch.Tensor], width: int, pad_id: int) -> Rows:
@@ -113,10 +141,12 @@ def _batch_width(longest: int, seq_len: int) -> int:
     return min(seq_len, math.ceil(longest / PAD_MULTIPLE) * PAD_MULTIPLE)
 
 
-def held_out_batches(rows: Rows, batch_size: int, count: int, with_mask: bool,
+def held_out_batches(rows: HeldOutRows, batch_size: int, count: int, with_mask: bool,
                      document_end: int | None = None) -> list[dict[str, torch.Tensor]]:
     """Up to `count` micro-batches of `batch_size` held-out rows, in corpus order (the
     last one may hold fewer rows); `document_end` as in causal_lm_batch."""
-    starts = range(0, len(rows), batch_size)[:count]
-    return [causal_lm_batch(rows.ids[s:s + batch_size], rows.lengths[s:s + batch_size], with_mask, document_end)
-            for s in starts]
+    batches = []
+    for start in range(0, len(rows), batch_size)[:count]:
+        chosen = rows.rows(start, min(start + batch_size, len(rows)))
+        batches.append(causal_lm_batch(chosen.ids, chosen.lengths, with_mask, document_end))
+    return batches

@@ -4,10 +4,15 @@ each remembered with the file and row it came from, so bad data is named where i
 `--data` may be a file (.txt, .jsonl/.json, .csv, .parquet), a directory of one kind of
 them, a glob (`data/*.jsonl`), or a directory written by `Dataset.save_to_disk` /
 `DatasetDict.save_to_disk` (then `--data-split` picks the split; default train). Only local
-files are read: `datasets` never reaches the network; its Arrow files are memory-mapped."""
+files are read: `datasets` never reaches the network; its Arrow files are memory-mapped.
+
+A .txt file is one record (its whole text), unless it is larger than LINE_RECORDS_ABOVE_BYTES:
+then it is one record per line, line breaks kept, so that reading and tokenizing it never
+holds the whole text in memory. Either way the file stays one document (`document_ends`)."""
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import glob
 from dataclasses import dataclass
@@ -20,6 +25,10 @@ BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".csv": "csv", ".
 ALLOWED = ("builtin, synthetic, a .txt, .jsonl, .csv or .parquet file, a directory or glob of them, "
            "or a save_to_disk directory")
 SAVED_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
+# Read whole, a .txt file sits in memory several times over while it is tokenized (the
+# text, then its ids as Python and Arrow lists: a 40 MB file peaked at 2.4 GB). Above this
+# size it is read line by line instead; below it, one record per file is the faster read.
+LINE_RECORDS_ABOVE_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -30,11 +39,33 @@ class Records:
     kind: str  # the datasets builder (text, json, csv, parquet), or "saved"
     dataset: object
     files: tuple[str, ...]
-    file_of_row: tuple[int, ...]  # index into files, per row
-    row_in_file: tuple[int, ...]  # 1-based row (record) number within that file, per row
+    # The index of each file's first row: one number per file rather than one per row,
+    # as a file read by line holds millions of rows.
+    file_starts: tuple[int, ...]
+    by_line: tuple[bool, ...] = ()  # per file: one row per line (a large .txt file)
+
+    def file_of(self, index: int) -> int:
+        """The number (index into files) of the file row `index` came from."""
+        return bisect.bisect_right(self.file_starts, index) - 1
+
+    def file_end(self, number: int) -> int:
+        """One past the last row of file `number`."""
+        return self.file_starts[number + 1] if number + 1 < len(self.files) else len(self.dataset)
+
+    def is_by_line(self, number: int) -> bool:
+        return bool(self.by_line) and self.by_line[number]
 
     def where(self, index: int) -> str:
-        return f"{self.files[self.file_of_row[index]]} row {self.row_in_file[index]}"
+        number = self.file_of(index)
+        unit = "line" if self.is_by_line(number) else "row"
+        return f"{self.files[number]} {unit} {index - self.file_starts[number] + 1}"
+
+    def document_ends(self) -> tuple[int, ...] | None:
+        """The rows that end a document (the last line of each file) when a file is read
+        by line; None when every row is a document of its own."""
+        if not any(self.by_line):
+            return None
+        return tuple(self.file_end(number) - 1 for number in range(len(self.files)))
 
 
 def load_records(source: str, split: str = "train") -> Records:
@@ -49,14 +80,16 @@ def load_records(source: str, split: str = "train") -> Records:
                                    ".parquet files")
     import datasets
 
-    parts, file_of_row, row_in_file = [], [], []
-    for number, file in enumerate(files):
-        part = _load_file(datasets, builder, file)
+    parts, file_starts, by_line, rows = [], [], [], 0
+    for file in files:
+        lines = builder == "text" and file.stat().st_size > LINE_RECORDS_ABOVE_BYTES
+        part = _load_file(datasets, builder, file, lines)
         parts.append(part)
-        file_of_row += [number] * len(part)
-        row_in_file += range(1, len(part) + 1)
+        file_starts.append(rows)
+        by_line.append(lines)
+        rows += len(part)
     dataset = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
-    return Records(source, builder, dataset, tuple(str(f) for f in files), tuple(file_of_row), tuple(row_in_file))
+    return Records(source, builder, dataset, tuple(str(f) for f in files), tuple(file_starts), tuple(by_line))
 
 
 def data_files(source: str) -> list[Path]:
@@ -82,8 +115,10 @@ def data_files(source: str) -> list[Path]:
     raise InputError("--data", f"no such file or directory: {source}; allowed: {ALLOWED}")
 
 
-def _load_file(datasets, builder: str, file: Path):
-    options = {"sample_by": "document"} if builder == "text" else {}
+def _load_file(datasets, builder: str, file: Path, lines: bool = False):
+    options = {}
+    if builder == "text":  # line breaks kept: the lines joined give back the file's text
+        options = {"sample_by": "line", "keep_linebreaks": True} if lines else {"sample_by": "document"}
     try:
         with quiet_progress(datasets):
             return datasets.load_dataset(builder, data_files=[str(file)], split="train",
@@ -91,7 +126,7 @@ def _load_file(datasets, builder: str, file: Path):
     except Exception as err:  # noqa: BLE001 - datasets and pyarrow raise many kinds
         bad_line = first_non_utf8_line(file)
         if bad_line is not None:
-            raise InputError("--data", f"{file} row {bad_line} is not UTF-8 text") from None
+            raise InputError("--data", f"{file} {'line' if lines else 'row'} {bad_line} is not UTF-8 text") from None
         raise InputError("--data", f"cannot read {file} as {builder} ({first_line(err)}); "
                                    ".jsonl holds one JSON object per line") from None
 
@@ -107,7 +142,7 @@ def _saved(source: str, path: Path, split: str) -> Records:
         if split not in loaded:
             raise InputError("--data-split", f"{source} has no split {split!r}; its splits: {', '.join(loaded)}")
         loaded = loaded[split]
-    return Records(source, "saved", loaded, (source,), (0,) * len(loaded), tuple(range(1, len(loaded) + 1)))
+    return Records(source, "saved", loaded, (source,), (0,))
 
 
 def first_non_utf8_line(file: Path) -> int | None:

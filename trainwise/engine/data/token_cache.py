@@ -10,10 +10,14 @@ packing cuts it into rows without copying it (packing.py), so a corpus larger th
 trains, and a second run on the same data and tokenizer tokenizes nothing.
 
 The ids are the ones `ByteTokenizer.stream` / `LocalTokenizer.stream` give for the same
-documents (tests/test_token_cache.py holds them equal), so the batches are the same."""
+documents (tests/test_token_cache.py holds them equal), so the batches are the same.
+A file read by line (records.py) gets the end id after its last line only: with byte
+tokens its ids equal the whole file's; a tokenizer sees each line on its own, so no token
+spans a line break (tests/test_data_bounded.py)."""
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import os
 from dataclasses import dataclass
@@ -50,23 +54,28 @@ def tokenizer_workers(requested: int, files: list[Path]) -> int:
     return min(os.cpu_count() or 1, MAX_AUTO_WORKERS) if size > PARALLEL_ABOVE_BYTES else 1
 
 
-def tokenized_corpus(dataset, field: str, tokenizer, workers: int, cache_dir: Path | None = None) -> TokenizedCorpus:
-    """The token ids of `dataset[field]`, every document followed by `tokenizer.eos_id`."""
+def tokenized_corpus(dataset, field: str, tokenizer, workers: int, cache_dir: Path | None = None,
+                     document_ends: tuple[int, ...] | None = None) -> TokenizedCorpus:
+    """The token ids of `dataset[field]`, every document followed by `tokenizer.eos_id`.
+    `document_ends`: the rows that end a document (Records.document_ends), when rows are
+    lines of larger documents; None: every row is a document."""
     directory = cache_dir or default_token_cache_dir()
-    path = directory / f"{_key(dataset, field, tokenizer)}.int32"
+    path = directory / f"{_key(dataset, field, tokenizer, document_ends)}.int32"
     summary = path.with_suffix(".json")
     if path.is_file() and summary.is_file():
         documents, text_bytes = (int(v) for v in summary.read_text().split())
         return TokenizedCorpus(_mapped(path), documents, text_bytes, cached=True, workers=0)
-    encode = _Encoder(tokenizer, field)
+    encode = _Encoder(tokenizer, field, document_ends)
     tokenized = dataset.map(encode, batched=True, batch_size=1000, num_proc=workers if workers > 1 else None,
+                            with_indices=document_ends is not None,
                             remove_columns=dataset.column_names, desc=f"tokenizing ({workers} process"
                                                                       f"{'es' if workers > 1 else ''})")
     text_bytes = _write(tokenized, path)
+    documents = len(tokenized) if document_ends is None else len(document_ends)
     summary_tmp = summary.with_suffix(".json.tmp")
-    summary_tmp.write_text(f"{len(tokenized)} {text_bytes}")
+    summary_tmp.write_text(f"{documents} {text_bytes}")
     summary_tmp.replace(summary)  # written last: a token file without it is not trusted
-    return TokenizedCorpus(_mapped(path), len(tokenized), text_bytes, cached=False, workers=workers)
+    return TokenizedCorpus(_mapped(path), documents, text_bytes, cached=False, workers=workers)
 
 
 def default_token_cache_dir() -> Path:
@@ -75,17 +84,27 @@ def default_token_cache_dir() -> Path:
 
 
 class _Encoder:
-    """The batched map function: ids of each document plus the end id, and its UTF-8 size.
-    A class (not a closure) so datasets can hash it for its cache and pickle it to workers."""
+    """The batched map function: ids of each row plus the end id where the row ends a
+    document, and its UTF-8 size. A class (not a closure) so datasets can hash it for its
+    cache and pickle it to workers. With `document_ends`, datasets passes each row's index
+    in the whole dataset (also in a worker's shard), which says whether the row ends one."""
 
-    def __init__(self, tokenizer, field: str):
-        self.tokenizer, self.field = tokenizer, field
+    def __init__(self, tokenizer, field: str, document_ends: tuple[int, ...] | None = None):
+        self.tokenizer, self.field, self.document_ends = tokenizer, field, document_ends
 
-    def __call__(self, batch: dict) -> dict:
+    def __call__(self, batch: dict, indices: list[int] | None = None) -> dict:
         texts = batch[self.field]
-        ends = [] if self.tokenizer.eos_id is None else [self.tokenizer.eos_id]
-        return {"ids": [ids + ends for ids in self.tokenizer.encode_batch(texts)],
-                "bytes": [len(text.encode("utf-8")) for text in texts]}
+        end = [] if self.tokenizer.eos_id is None else [self.tokenizer.eos_id]
+        ids = self.tokenizer.encode_batch(texts)
+        if indices is None:
+            ids = [row + end for row in ids]
+        else:
+            ids = [row + end if self._ends_document(index) else row for row, index in zip(ids, indices)]
+        return {"ids": ids, "bytes": [len(text.encode("utf-8")) for text in texts]}
+
+    def _ends_document(self, index: int) -> bool:
+        position = bisect.bisect_left(self.document_ends, index)
+        return position < len(self.document_ends) and self.document_ends[position] == index
 
 
 def _write(tokenized, path: Path) -> int:
@@ -112,10 +131,14 @@ def _mapped(path: Path) -> torch.Tensor:
     return torch.from_numpy(np.memmap(path, dtype=np.int32, mode="c"))
 
 
-def _key(dataset, field: str, tokenizer) -> str:
-    """The records' fingerprint (datasets changes it when the files change), the field and
-    the tokenizer (its vocabulary and settings, hashed by datasets)."""
+def _key(dataset, field: str, tokenizer, document_ends: tuple[int, ...] | None = None) -> str:
+    """The records' fingerprint (datasets changes it when the files change), the field, the
+    tokenizer (its vocabulary and settings, hashed by datasets) and, for rows read by line,
+    where documents end (absent otherwise, so the keys of earlier token files still hold)."""
     from datasets.fingerprint import Hasher
 
-    text = "|".join([dataset._fingerprint, field, tokenizer.name, Hasher.hash(tokenizer.identity())])
+    parts = [dataset._fingerprint, field, tokenizer.name, Hasher.hash(tokenizer.identity())]
+    if document_ends is not None:
+        parts.append(Hasher.hash(document_ends))
+    text = "|".join(parts)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
