@@ -1,5 +1,6 @@
 """estimate --compile: the compiled regions' element-wise chains priced as fused kernels
-(trainwise/trace/fusion.py), the eager step's pricing untouched."""
+(trainwise/trace/fusion.py), the eager step's pricing untouched, and the plan search
+trying compile (and float8 where allowed) around its confirmed plans."""
 
 from __future__ import annotations
 
@@ -15,11 +16,16 @@ from trainwise.hardware import resolve_device
 from trainwise.hardware.profile import DeviceProfile, Rate
 from trainwise.models import resolve_model
 from trainwise.plan.plan import Plan
+from trainwise.planner.compose import Measure
+from trainwise.planner.refine import refine
+from trainwise.planner.search import search
+from trainwise.planner.space import build_space, parse_allow
 from trainwise.trace.fusion import FusionGrouper
 
 CPU = resolve_device("cpu")
 PROFILE = DeviceProfile("cpu", "cpu", "test", {"fp32": Rate(1e10, 1e-6)}, {}, Rate(1e9, 1e-6), 1e-5)
 FUSIBLE = ("elementwise", "normalization", "transcendental")
+GIB = 2 ** 30
 
 
 def _costs(**knobs):
@@ -92,3 +98,28 @@ def test_estimate_compile_is_no_longer_refused_and_says_its_memory_is_an_upper_b
         out = json.loads(capsys.readouterr().out)
         assert code == 0 and out["plan"]["compile"] and out["plan"]["compile_scope"] == scope
         assert any("upper bound" in note for note in out["notes"])
+
+
+def _compile_is_faster(plan: Plan) -> Measure:
+    """Memory and time as simple formulas; compile takes 20 % off the step, float8 10 % more."""
+    step = 0.1 * plan.batch_size * plan.grad_accum * (0.8 if plan.compile else 1.0) * (0.9 if plan.float8 else 1.0)
+    return Measure(memory_bytes=int(16 * GIB + GIB * plan.batch_size), step_s=step, breakdown={"matmul": step})
+
+
+def _space(allow: str = ""):
+    base = Plan.from_dict({"device": "H100", "seq_len": 1024, "precision": "bf16"})
+    return build_space(base, frozenset({"device", "seq_len", "precision"}), resolve_device("H100"), parse_allow(allow),
+                       64, flash_refusal="not installed")
+
+
+def test_the_search_tries_compile_and_float8_only_when_allowed():
+    h100 = resolve_device("H100")
+    for allow, float8 in (("", False), ("float8", True)):
+        space = _space(allow)
+        result = search(space, h100, _compile_is_faster, capacity_bytes=80 * GIB, top=3)
+        assert not result.ranked[0].plan.compile, "the screen itself does not compile"
+        refined = refine(result, space, h100, _compile_is_faster, top=3)
+        best = refined.ranked[0].plan
+        assert best.compile and best.compile_scope == "blocks" and best.float8 is float8
+        assert any("compile" in note for note in refined.notes if note.startswith("composed"))
+        assert any(note.startswith("float8 not searched") for note in refined.notes) is not float8
