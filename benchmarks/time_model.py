@@ -3,11 +3,13 @@
     python benchmarks/time_model.py                     # calibrate, predict, measure: ~10 min on 2 cores
     python benchmarks/time_model.py --profile cpu.json  # an existing profile instead of calibrating
     python benchmarks/time_model.py --measure-only --page /tmp/t.md   # the measured half alone
+    python benchmarks/time_model.py --only vanilla --models tiny-llama   # eager and compiled vanilla rows
 
 The plans: the quick bench ladder's rows this device runs (fp16 and 8-bit Adam are left
 out on a CPU), on four models (the catalog's tiny-llama; written as config directories:
 `small-llama`, the same family at hidden 192, 4 layers; `small-gpt2`, n_embd 256, 4
-layers; `small-qwen2`, hidden 224, 3 layers), at two sequence lengths.
+layers; `small-qwen2`, hidden 224, 3 layers), at two sequence lengths, and the vanilla plan compiled
+per block and whole (`--compile`; the compiling first step falls in the warm-up).
 For each plan `trainwise.api.estimate(model, plan, profile=...).time.step_s` is the
 prediction; the measurement is `trainwise train` in a fresh process (the bench runner's
 command line), the median step time of its timed steps (warm-up steps and the CPU's
@@ -71,6 +73,9 @@ SMALL_QWEN2 = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vo
                "rms_norm_eps": 1e-06, "tie_word_embeddings": True, "rope_theta": 1000000.0,
                "use_sliding_window": False}
 CONFIG_MODELS = {"small-llama": SMALL_LLAMA, "small-gpt2": SMALL_GPT2, "small-qwen2": SMALL_QWEN2}
+# Rows added to each model and length besides the quick ladder's: the vanilla plan compiled.
+COMPILED_ROWS = (("vanilla compiled", {"compile": True}),
+                 ("vanilla compiled whole model", {"compile": True, "compile_scope": "model"}))
 # The split each model's rows are scored in.
 SPLITS = {CALIBRATION_MODEL: "calibration", "small-llama": "held out, seen during the fix",
           "small-gpt2": "held out, seen during the fix", "small-qwen2": "held out, never seen while fixing"}
@@ -93,6 +98,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "time with a core to itself, which other work on a busy machine does not stretch) or "
                              "wall seconds (default: cpu under --threads 1, else wall)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N plans (a smoke run)")
+    parser.add_argument("--only", default=None, help="only plans whose name contains one of these comma-separated "
+                                                      "parts (e.g. 'compiled,vanilla')")
     parser.add_argument("--measure-only", action="store_true", help="measure without predicting (no time model needed)")
     parser.add_argument("--page", type=Path, default=None, help="default: docs/results/time-model-<device>.md")
     args = parser.parse_args(argv)
@@ -123,6 +130,14 @@ def plans(args, scratch: Path) -> list[dict]:
                 found.append({"name": f"{label} s{seq} {rung.name}", "model": model, "model_label": label,
                               "plan": rung.plan,
                               "split": SPLITS.get(label, "held out, never seen while fixing")})
+            # Compiled rows: the vanilla plan per block and whole (the first, compiling step is
+            # a warm-up step; steps that compiled are never timed by train).
+            vanilla = load_ladder("quick", {"seq_len": seq, "device": args.device})[0].plan
+            for name, knobs in COMPILED_ROWS:
+                found.append({"name": f"{label} s{seq} {name}", "model": model, "model_label": label,
+                              "plan": vanilla.replace(**knobs),
+                              "split": SPLITS.get(label, "held out, never seen while fixing")})
+    found = [row for row in found if not args.only or any(part in row["name"] for part in args.only.split(","))]
     return found[:args.limit] if args.limit else found
 
 

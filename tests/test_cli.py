@@ -59,7 +59,6 @@ def test_a_plan_that_does_not_fit_says_by_how_much(capsys):
     (["estimate", "gpt2", "--device", "cpu", "--precision", "fp16"], "--precision"),
     (["estimate", "gpt2", "--device", "T4", "--precision", "bf16"], "--precision"),
     (["estimate", "gpt2", "--device", "cpu", "--optim", "adamw-8bit"], "--optim"),
-    (["estimate", "gpt2", "--compile"], "--compile"),
     (["estimate", "t5-small", "--tp", "2"], "--tp"),
 ])
 def test_bad_input_is_one_line_naming_the_field_exit_2(capsys, argv, field):

@@ -13,6 +13,7 @@ from trainwise.hardware import resolve_device
 from trainwise.models import resolve_model
 from trainwise.plan import Plan
 from trainwise.common.errors import InputError
+from trainwise.planner import refine
 from trainwise.planner.compose import Measure, composed
 from trainwise.planner.search import candidate_of, fits, search, traced_sizes
 from trainwise.planner.space import build_space, parse_allow
@@ -212,6 +213,8 @@ def test_narrow_techniques_are_composed_around_the_confirmed_plans_and_kept_when
 
 def test_a_gpu_search_says_the_kernels_it_does_not_try():
     notes = " ".join(space_for().notes)
-    assert "float8 not searched" in notes and "compile not searched" in notes
-    assert "Liger" not in notes  # composed around the confirmed plans (planner/refine.py)
-    assert not any("float8" in note for note in space_for({"float8": False}).notes)  # held by the user
+    # Liger, compile and float8 are composed around the confirmed plans (planner/refine.py).
+    assert not any(word in notes for word in ("Liger", "compile", "float8"))
+    assert refine.not_allowed(space_for(), H100) == [
+        "float8 not searched: it changes the training math; add --allow float8 to try it"]
+    assert refine.not_allowed(space_for({"float8": False}), H100) == []  # held by the user

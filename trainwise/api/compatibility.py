@@ -87,7 +87,5 @@ def check_device_support(plan: Plan, device: Device) -> None:
 
 def check_estimate_support(plan: Plan) -> None:
     """Knobs declared in the Plan whose memory effect `estimate` does not model yet."""
-    if plan.compile:
-        raise NotSupportedYet("--compile", "estimate (its memory is at most the eager estimate; drop the flag)")
     if plan.classic != "none":
         raise NotSupportedYet("--classic", "estimate (it would show one device's figure, not each GPU's)")

@@ -65,8 +65,8 @@ def measure_of(result) -> Measure:
 
 
 def estimate_evaluator(spec: ModelSpec, profile=None, **topology) -> Evaluator:
-    """Evaluator backed by `trainwise.api.estimate` (memoized by plan). Compile is traced
-    eager (its effect is not predicted; the plan keeps the user's --compile). `topology`:
+    """Evaluator backed by `trainwise.api.estimate` (memoized by plan); a compiled plan is
+    priced as compiled (its memory is the eager step's, an upper bound). `topology`:
     gpus_per_node, inter_node_gbps for a layout's communication."""
     seen: dict[Plan, Measure] = {}
     profiles: dict[str, object] = {}  # read once per device, not once per estimate
@@ -76,7 +76,7 @@ def estimate_evaluator(spec: ModelSpec, profile=None, **topology) -> Evaluator:
             if plan.device not in profiles:
                 profiles[plan.device] = profile_for(resolve_device(plan.device), profile) \
                     if not isinstance(profile, DeviceProfile) else profile
-            seen[plan] = measure_of(estimate(spec, plan.replace(compile=False), profile=profiles[plan.device],
+            seen[plan] = measure_of(estimate(spec, plan, profile=profiles[plan.device],
                                              **topology))
         return seen[plan]
     return evaluate

@@ -42,9 +42,11 @@ def render_estimate(result: EstimateResult, console: Console, by_module: bool = 
                       f"{100 * live / peak:.1f} %", human_bytes(live), source)
     table.add_section()
     reserved_note = "caching allocator model" if result.device.kind == "cuda" else "cpu: no cache"
+    # Compiled plans are traced eager: an upper bound (docs/estimate.md, "Compiled steps").
+    bound = ", eager step: an upper bound under --compile" if result.plan.compile else ""
     table.add_row("[bold]peak allocated[/]", human_bytes(memory.peak_allocated),
                   f"{memory.peak_allocated / max(result.params, 1):.2f}", "100.0 %", "",
-                  f"predicted, peak in {memory.peak_phase}")
+                  f"predicted, peak in {memory.peak_phase}{bound}")
     table.add_row("peak reserved", human_bytes(memory.peak_reserved), "", "", "", f"predicted ({reserved_note})")
     if result.device.kind == "cuda":
         table.add_row("CUDA context", human_bytes(memory.context), "", "", "", "catalog estimate")

@@ -55,6 +55,9 @@ METADATA_HOST_SHARE = 0.25
 CONTRACTIONS = ("matmul", "attention")
 OPTIMIZER_PHASES = ("optimizer", "zero_grad")
 # Phases whose device work the host can run ahead of, on CUDA (recomputation is backward's).
+COMPILED_NOTE = ("--compile (scope {scope}): the compiled regions' element-wise chains priced as fused kernels "
+                 "(the bytes entering and leaving each chain, host time per launched kernel and per region call: "
+                 "trainwise/trace/fusion.py); compile time is not in the step")
 OVERLAP_GROUPS = {"forward": "forward", "backward": "backward", "optimizer": "optimizer", "zero_grad": "optimizer"}
 
 
@@ -92,7 +95,7 @@ def predict_step_time(traces: Sequence[StepTrace], fit: DepthFit | None, plan: P
         costs = traces[-1].op_costs
     weights = _micro_step_weights(plan.grad_accum, chunks)
     breakdown = step_breakdown(costs, weights, plan, profile)
-    notes = []
+    notes = [COMPILED_NOTE.format(scope=plan.compile_scope)] if plan.compile else []
     if plan.activation_offload:
         seconds, note = activation_offload_seconds(offload_traffic(traces, fit), micro_batch_phase_seconds(
             costs, plan, profile), plan.grad_accum * chunks, profile)
@@ -106,7 +109,7 @@ def micro_batch_phase_seconds(costs: OpCosts, plan: Plan, profile: DeviceProfile
     """Device seconds of the first micro-batch's forward and backward (recomputation in
     backward), as step_breakdown prices them."""
     seconds = {"forward": 0.0, "backward": 0.0}
-    for key, values in costs.rows.items():
+    for key, values, _compiled in _all_rows(costs):
         phase, micro, op_class = key[0], key[1], key[2]
         if micro == 0 and phase in seconds:
             seconds[phase] += _device_seconds(key, values, plan, profile)[1] * _step_factor(phase, op_class, profile)
@@ -116,11 +119,13 @@ def micro_batch_phase_seconds(costs: OpCosts, plan: Plan, profile: DeviceProfile
 def full_depth_costs(costs: Sequence[OpCosts], fit: DepthFit) -> OpCosts:
     """Every row's sums read at full depth from the traced depths (time, like memory and
     FLOPs, is a fixed part plus a per-block part for each layer kind)."""
-    rows = {}
-    for key in {k for c in costs for k in c.rows}:
-        columns = zip(*(c.rows.get(key, [0, 0, 0, 0]) for c in costs))
-        rows[key] = [max(0, extrapolate_by_kind(list(values), fit)) for values in columns]
-    return OpCosts(rows)
+    def read(table: str) -> dict:
+        rows = {}
+        for key in {k for c in costs for k in getattr(c, table)}:
+            columns = zip(*(getattr(c, table).get(key, [0, 0, 0, 0]) for c in costs))
+            rows[key] = [max(0, extrapolate_by_kind(list(values), fit)) for values in columns]
+        return rows
+    return OpCosts(read("rows"), read("compiled"))
 
 
 def _micro_step_weights(grad_accum: int, chunks: int) -> dict[int, int]:
@@ -134,7 +139,7 @@ def step_breakdown(costs: OpCosts, weights: dict[int, int], plan: Plan, profile:
     breakdown = dict.fromkeys(CATEGORIES, 0.0)
     device_by_group: dict[tuple[str, int], float] = {}
     host_by_group: dict[tuple[str, int], float] = {}
-    for key, values in costs.rows.items():
+    for key, values, compiled in _all_rows(costs):
         phase, micro, op_class, dtype, recomputed = key
         times = weights[micro] if phase in ("data", "forward", "backward") else 1
         category, seconds = _device_seconds(key, values, plan, profile)
@@ -143,7 +148,10 @@ def step_breakdown(costs: OpCosts, weights: dict[int, int], plan: Plan, profile:
         breakdown[category] += seconds * times
         if phase == "data":
             continue  # the batch is ready before the step's ops are queued
-        host = values[0] * _host_s_per_op(recomputed, profile) * (METADATA_HOST_SHARE if op_class == "metadata" else 1.0)
+        if compiled:
+            host = values[0] * _compiled_host_s(op_class, profile)
+        else:
+            host = values[0] * _host_s_per_op(recomputed, profile) * (METADATA_HOST_SHARE if op_class == "metadata" else 1.0)
         group = (OVERLAP_GROUPS.get(phase, phase), micro)
         device_by_group[group] = device_by_group.get(group, 0.0) + seconds * times
         host_by_group[group] = host_by_group.get(group, 0.0) + host * times
@@ -155,6 +163,22 @@ def step_breakdown(costs: OpCosts, weights: dict[int, int], plan: Plan, profile:
         breakdown["host_overhead"] = sum(max(0.0, host - device_by_group[group])
                                          for group, host in host_by_group.items())
     return breakdown
+
+
+def _all_rows(costs: OpCosts):
+    """(key, values, compiled?) of every row: the eager ops', then the compiled regions'."""
+    for key, values in costs.rows.items():
+        yield key, values, False
+    for key, values in costs.compiled.items():
+        yield key, values, True
+
+
+def _compiled_host_s(op_class: str, profile: DeviceProfile) -> float:
+    """Host seconds of one call into a compiled region (op class "region": guards and the
+    compiled wrapper's entry) or of one kernel its generated code launches."""
+    if op_class == "region":
+        return profile.compiled_region_host_s
+    return profile.compiled_kernel_host_s
 
 
 def _step_factor(phase: str, op_class: str, profile: DeviceProfile) -> float:
@@ -181,7 +205,7 @@ def _device_seconds(key: tuple, values: list[int], plan: Plan, profile: DevicePr
         # already where the step runs.
         link = profile.host_to_device
         return "data", _seconds(link, ops, written) if profile.kind == "cuda" and link else 0.0
-    if op_class == "metadata":
+    if op_class in ("metadata", "region"):
         seconds = 0.0
     elif op_class in ("matmul", "attention") and flops > 0:
         compute = _compute_dtype(dtype, plan)
@@ -198,7 +222,7 @@ def _device_seconds(key: tuple, values: list[int], plan: Plan, profile: DevicePr
     if recomputed:
         return "recompute", seconds
     # metadata: host time only; transcendental ops are element-wise work at their own rate.
-    return ("elementwise" if op_class in ("metadata", "transcendental") else op_class), seconds
+    return ("elementwise" if op_class in ("metadata", "region", "transcendental") else op_class), seconds
 
 
 def _seconds(rate: Rate, ops: int, amount: int) -> float:
@@ -218,7 +242,7 @@ def _model_flops(costs: OpCosts, weights: dict[int, int]) -> int:
     and backward (no recomputation) and attention as 3x its forward (backward is twice the
     forward; the kernels' own recomputation is not model work)."""
     total = 0
-    for (phase, micro, op_class, _dtype, recomputed), values in costs.rows.items():
+    for (phase, micro, op_class, _dtype, recomputed), values, _compiled in _all_rows(costs):
         if recomputed or phase not in ("forward", "backward"):
             continue
         if op_class == "matmul":

@@ -45,6 +45,15 @@ PCIE_EFFICIENCY = 0.80
 KERNEL_FIXED_S = 4e-6
 EAGER_HOST_S_PER_OP = 12e-6
 COLLECTIVE_LATENCY_S = 20e-6
+# Host seconds under torch.compile (trainwise/trace/fusion.py), by device kind: one kernel
+# launched by inductor's generated wrapper, and one call into a compiled region (guards,
+# AOTAutograd's runtime wrapper, its autograd node), forward and backward each. CPU:
+# measured on this project's 2-core CPU (a compiled chain of matmul + fused element-wise
+# blocks, forward and backward, timed at 2 and 12 blocks on 8x8 tensors: 21.5 us more per
+# block of about five kernels, about 140 us more per step than eager outside the blocks,
+# over two region calls). CUDA: estimates, not measured (a Python wrapper's Triton launch).
+COMPILED_KERNEL_HOST_S = {"cpu": 4e-6, "cuda": 5e-6}
+COMPILED_REGION_HOST_S = {"cpu": 70e-6, "cuda": 40e-6}
 # PCIe between host and GPU, one direction: Gen4 x16 (A100, RTX 30/40) or Gen5 x16 (H100,
 # H200) in GB/s, decimal.
 PCIE_GB_S = {(8, 0): 32.0, (8, 6): 32.0, (8, 9): 32.0, (9, 0): 64.0}
@@ -111,6 +120,20 @@ class DeviceProfile:
     # the checkpoint's saved-tensor hooks and the block's Python run again, measured by
     # calibrate on the CPU. None: host_s_per_op.
     host_s_per_recomputed_op: float | None = None
+    # Host seconds per kernel a compiled region launches and per call into one (see
+    # COMPILED_*_HOST_S); None: the figures above for the device's kind.
+    host_s_per_compiled_kernel: float | None = None
+    host_s_per_compiled_region: float | None = None
+
+    @property
+    def compiled_kernel_host_s(self) -> float:
+        return self.host_s_per_compiled_kernel if self.host_s_per_compiled_kernel is not None \
+            else COMPILED_KERNEL_HOST_S.get(self.kind, COMPILED_KERNEL_HOST_S["cuda"])
+
+    @property
+    def compiled_region_host_s(self) -> float:
+        return self.host_s_per_compiled_region if self.host_s_per_compiled_region is not None \
+            else COMPILED_REGION_HOST_S.get(self.kind, COMPILED_REGION_HOST_S["cuda"])
 
     def matmul_rate(self, dtype: str) -> Rate | None:
         return self.matmul.get(dtype) or self.matmul.get("fp32")
@@ -131,12 +154,15 @@ class DeviceProfile:
                 "step_non_matmul_factor": self.step_non_matmul_factor,
                 "step_contraction_factor": self.step_contraction_factor,
                 "optimizer": self.optimizer.to_json() if self.optimizer else None,
-                "host_s_per_recomputed_op": self.host_s_per_recomputed_op}
+                "host_s_per_recomputed_op": self.host_s_per_recomputed_op,
+                "host_s_per_compiled_kernel": self.host_s_per_compiled_kernel,
+                "host_s_per_compiled_region": self.host_s_per_compiled_region}
 
     @classmethod
     def from_json(cls, data: dict, source: str) -> "DeviceProfile":
         host, transcendental, optimizer = data.get("host_to_device"), data.get("transcendental"), data.get("optimizer")
         recomputed = data.get("host_s_per_recomputed_op")
+        kernel, region = data.get("host_s_per_compiled_kernel"), data.get("host_s_per_compiled_region")
         return cls(device_name=str(data["device_name"]), kind=str(data["kind"]), source=source,
                    matmul={k: Rate.from_json(v) for k, v in data["matmul"].items()},
                    attention={k: Rate.from_json(v) for k, v in data.get("attention", {}).items()},
@@ -150,7 +176,9 @@ class DeviceProfile:
                    step_non_matmul_factor=float(data.get("step_non_matmul_factor", 1.0)),
                    step_contraction_factor=float(data.get("step_contraction_factor", 1.0)),
                    optimizer=Rate.from_json(optimizer) if optimizer else None,
-                   host_s_per_recomputed_op=float(recomputed) if recomputed is not None else None)
+                   host_s_per_recomputed_op=float(recomputed) if recomputed is not None else None,
+                   host_s_per_compiled_kernel=float(kernel) if kernel is not None else None,
+                   host_s_per_compiled_region=float(region) if region is not None else None)
 
 
 def catalog_profile(device: Device) -> DeviceProfile | None:

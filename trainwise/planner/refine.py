@@ -10,7 +10,14 @@ per sample of the micro-batch and the factor it puts on the step time. Those are
 to every screened plan of that checkpointing choice (a plan that did not fit may fit
 now); the refined plans predicted to enter the top K are confirmed exactly, as the screen's
 are. The refinements apply one after another, so a later one also tries the plans an
-earlier one made the best. None changes the training math beyond float rounding."""
+earlier one made the best.
+
+Compile (per block) is tried the same way: its estimate prices the compiled blocks' fused
+kernels (trainwise/trace/fusion.py) and keeps the eager step's memory (an upper bound),
+so it changes the time factor only. Float8 is tried after it, on compiled plans (a float8
+run needs --compile), and only where the user allows it (`--allow float8`): it changes the
+training math (float8 rounding of every converted matmul). The others change it by float
+rounding at most."""
 
 from __future__ import annotations
 
@@ -37,6 +44,7 @@ class Refinement:
     applies: Callable[[Plan], bool]
     useful: Callable[[Plan], bool] = lambda best: True
     runs_on: Callable[[Device], bool] = lambda device: True
+    allow: str | None = None  # the --allow value it needs (a technique that changes the math)
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,20 @@ def liger_can_run(device: Device) -> bool:
     return device.kind == "cuda" and (device.source == "catalog" or installed("liger_kernel"))
 
 
+def compile_can_run(device: Device) -> bool:
+    """Inductor compiles for the CPU and for CUDA GPUs (through Triton: installed here for
+    this machine's GPU, unknown for a catalog GPU, whose run may be elsewhere)."""
+    return device.kind == "cpu" or (device.kind == "cuda" and (device.source == "catalog" or installed("triton")))
+
+
+def float8_can_run(device: Device) -> bool:
+    """Float8 matmuls need compute capability 8.9+, and torchao where the plan will run
+    (here for this machine's GPU; unknown for a catalog GPU)."""
+    gpu = device.gpu
+    return (device.kind == "cuda" and gpu is not None and gpu.supports_float8
+            and (device.source == "catalog" or installed("torchao")))
+
+
 REFINEMENTS = (
     Refinement("fused loss", {"loss": "fused"}, lambda p: p.loss == "default"),
     # Checkpointing less, or moving what it keeps, can only beat a best plan that checkpoints:
@@ -68,12 +90,26 @@ REFINEMENTS = (
                lambda best: best.grad_ckpt),
     # Estimated from a stand-in that keeps what Liger's kernels keep (step/liger_stand_in.py).
     Refinement("Liger kernels", {"kernels": "liger"}, lambda p: p.kernels == "none", runs_on=liger_can_run),
+    # Per block (the default scope); refused with --tp, so plans with it are left as they are.
+    Refinement("compile", {"compile": True}, lambda p: not p.compile and p.tp == 1, runs_on=compile_can_run),
+    Refinement("float8", {"float8": True},
+               lambda p: p.compile and not p.float8 and p.precision in ("bf16", "bf16-pure") and not p.lora
+               and p.tp == 1, runs_on=float8_can_run, allow="float8"),
 )
 
 
 def refinements_for(space: Space, device: Device) -> list[Refinement]:
-    """The refinements whose knobs the user did not fix and that run on `device`."""
-    return [r for r in REFINEMENTS if not any(k in space.fixed for k in r.changes) and r.runs_on(device)]
+    """The refinements whose knobs the user did not fix, that run on `device`, and whose
+    change of the math (if any) the user allowed."""
+    return [r for r in REFINEMENTS if not any(k in space.fixed for k in r.changes) and r.runs_on(device)
+            and (r.allow is None or r.allow in space.allow)]
+
+
+def not_allowed(space: Space, device: Device) -> list[str]:
+    """Notes for the refinements left out only because they change the math."""
+    return [f"{r.name} not searched: it changes the training math; add --allow {r.allow} to try it"
+            for r in REFINEMENTS if r.allow is not None and r.allow not in space.allow and r.runs_on(device)
+            and not any(k in space.fixed for k in r.changes)]
 
 
 def refine(result: SearchResult, space: Space, device: Device, evaluator: Evaluator, top: int) -> SearchResult:
@@ -104,6 +140,7 @@ def refine(result: SearchResult, space: Space, device: Device, evaluator: Evalua
     if refinements_for(space, device):
         notes.append("composed from exact estimates around the confirmed plans: "
                      + ", ".join(r.name for r in refinements_for(space, device)))
+    notes.extend(not_allowed(space, device))
     return SearchResult(ranked=ranked, screened=screened, usable_bytes=result.usable_bytes, timed=True,
                         evaluations=result.evaluations + evaluations, notes=notes)
 

@@ -2,8 +2,8 @@
 
 A knob the user gave (a flag or a plan-file key) is held fixed: the space has that one value.
 Techniques that change the training math are tried only when the user allows them
-(`--allow`). Compile is never searched: its time effect is not predicted (the estimate traces
-the eager step), so the plan keeps whatever the user asked for and says so."""
+(`--allow`). Liger's kernels, compile and float8 are not knobs of the screen: they are
+composed around its confirmed plans (trainwise/planner/refine.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from trainwise.hardware import Device
 from trainwise.plan.plan import Plan
 
 # What `--allow` may name: the techniques that change the training math.
-ALLOWABLE = ("lora", "adamw-8bit", "adafactor", "bf16-pure", "fp16")
+ALLOWABLE = ("lora", "adamw-8bit", "adafactor", "bf16-pure", "fp16", "float8")
 LORA_RANK = 16
 # Without --global-batch, micro-batches are powers of two up to this (the fit filter cuts them).
 LARGEST_MICRO_BATCH = 1024
@@ -68,6 +68,8 @@ def math_changes(plan: Plan, device: Device) -> tuple[str, ...]:
         changes.append("bf16-pure")
     if plan.precision == "fp16" and _has_bf16(device):
         changes.append("fp16")
+    if plan.float8:
+        changes.append("float8")
     return tuple(changes)
 
 
@@ -91,12 +93,6 @@ def build_space(base: Plan, fixed: frozenset[str], device: Device, allow: frozen
     if flash_refusal is not None and "attention" not in fixed:
         notes.append(f"flash attention not searched: {flash_refusal}")
     choices["attention"] = _pick(base, fixed, "attention", tuple(kernels))
-    if device.kind == "cuda" and "float8" not in fixed:  # Liger's kernels are refined (planner/refine.py)
-        notes.append("float8 not searched: estimate prices float8 only as its eager step; add --float8 --compile "
-                     "to hold it")
-    if "compile" not in fixed:
-        notes.append("compile not searched: its effect on step time is not predicted (the estimate traces the "
-                     "eager step); add --compile to hold it on")
     batches = batch_options(base, fixed, global_batch, data_parallel)
     return Space(base=base, fixed=fixed, allow=allow, global_batch=global_batch, data_parallel=data_parallel,
                  batches=batches, choices=choices, notes=tuple(notes))

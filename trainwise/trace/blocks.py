@@ -70,6 +70,12 @@ class BlockTracker:
             return self._forward[-1]
         return self._backward if self._backward != NO_BLOCK else self._returned
 
+    @property
+    def running(self) -> int:
+        """The block whose forward or backward is running now, or NO_BLOCK (unlike
+        `context`, not the block that just returned)."""
+        return self._forward[-1] if self._forward else self._backward
+
     def reset(self) -> None:
         """Forget the backward marker and the last block returned (a new phase starts)."""
         self._backward = self._returned = NO_BLOCK

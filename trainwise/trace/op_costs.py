@@ -46,6 +46,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count, shape_wrapper
 
 from trainwise.trace.flops_formulas import model_flop_formulas
+from trainwise.trace.fusion import CompiledRegions, FusionGrouper
 
 CLASSES = ("matmul", "attention", "normalization", "transcendental", "elementwise", "metadata")
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
@@ -87,11 +88,19 @@ class OpCosts:
     outside forward/backward/data."""
 
     rows: dict[tuple[str, int, str, str, bool], list[int]] = field(default_factory=dict)
+    # Under --compile, the work of the compiled regions as inductor launches it, same keys
+    # and columns with ops counting launched kernels (trainwise/trace/fusion.py); the ops
+    # run eager stay in `rows`. Empty for an eager step.
+    compiled: dict[tuple[str, int, str, str, bool], list[int]] = field(default_factory=dict)
 
     def total(self, index: int, **match) -> int:
         """Sum of column `index` (0 ops, 1 FLOPs, 2 read, 3 written) over rows whose key
         fields equal `match` (phase=, micro_step=, op_class=, dtype=, recomputed=)."""
         return sum(values[index] for key, values in self.rows.items() if _matches(key, match))
+
+    def compiled_total(self, index: int, **match) -> int:
+        """As `total`, over the compiled regions' rows."""
+        return sum(values[index] for key, values in self.compiled.items() if _matches(key, match))
 
 
 _FIELDS = ("phase", "micro_step", "op_class", "dtype", "recomputed")
@@ -103,13 +112,17 @@ def _matches(key: tuple, match: dict) -> bool:
 
 class OpCostRecorder:
     """Adds each op the AllocationRecorder dispatches to an OpCosts. `norm_modules` are the
-    qualified names of the model's normalisation modules; `micro_step` is set by the step."""
+    qualified names of the model's normalisation modules; `micro_step` is set by the step.
+    With `regions` (the plan's compiled regions) the ops inside them are grouped as inductor
+    fuses them, following storages by `key_of` (trainwise/trace/fusion.py)."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, regions: CompiledRegions | None = None, key_of=None):
         self.costs = OpCosts()
         self.micro_step = 0
         self.norm_modules = {name or type(m).__name__ for name, m in model.named_modules()
                              if "norm" in type(m).__name__.lower()}
+        self.regions = regions
+        self.fusion = FusionGrouper(self.costs.compiled, key_of) if regions is not None else None
 
     def record(self, func, args, kwargs, out, outputs: list[torch.Tensor], phase: str, module: str) -> None:
         op_class = classify(func)
@@ -126,6 +139,9 @@ class OpCostRecorder:
         recomputed = phase == "backward" and module != "" and torch.is_grad_enabled()
         micro = self.micro_step if phase in ("data", "forward", "backward") else 0
         key = (phase, micro, op_class, _dtype_name(inputs or outputs), recomputed)
+        if self.fusion is not None and self.fusion.op(self.regions.region(phase, module), key, op_class,
+                                                      inputs, [_payload(t) for t in outputs], [1, flops, read, written]):
+            return
         row = self.costs.rows.get(key)
         if row is None:
             self.costs.rows[key] = [1, flops, read, written]
@@ -134,6 +150,12 @@ class OpCostRecorder:
             row[1] += flops
             row[2] += read
             row[3] += written
+
+
+    def saved(self, key: int | None) -> None:
+        """Autograd keeps storage `key` for backward (a compiled region writes it out)."""
+        if self.fusion is not None:
+            self.fusion.saved(key)
 
 
 def _written_in_place(func, args: tuple) -> int:

@@ -71,8 +71,6 @@ class AllocationRecorder(TorchDispatchMode):
             out = fix(out, *args, **(kwargs or {}))
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         self.answers.note(func, args, outputs)
-        if self.costs is not None and self.phase != "setup":
-            self.costs.record(func, args, kwargs, out, outputs, self.phase, self.scope.current)
         block = self._current_block()
         if block == NO_BLOCK and self.phase in _OWNED_BY_INPUTS and outputs:
             owners = self._owners_from_inputs(func, args, kwargs, outputs)
@@ -81,6 +79,8 @@ class AllocationRecorder(TorchDispatchMode):
         else:
             for tensor in outputs:
                 self.track(tensor, op=func.__name__, owner=block)
+        if self.costs is not None and self.phase != "setup":  # after tracking: fusion follows storages
+            self.costs.record(func, args, kwargs, out, outputs, self.phase, self.scope.current)
         return out
 
     def __enter__(self):
@@ -173,6 +173,8 @@ class AllocationRecorder(TorchDispatchMode):
         key = self.track(tensor, op="saved")
         if key is not None:
             self.records[key].saved_in.add(self.phase)
+            if self.costs is not None:
+                self.costs.saved(key)
 
 
 # Phases in which a new storage made outside any block's work belongs to the block of the

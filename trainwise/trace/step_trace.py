@@ -22,6 +22,7 @@ from trainwise.trace.fake_model import materialize_fake
 from trainwise.trace.layer_norm_stats import layer_norm_fixes
 from trainwise.trace.module_scope import ModuleScope
 from trainwise.trace.moe_kernels import traceable_experts
+from trainwise.trace.fusion import CompiledRegions
 from trainwise.trace.op_costs import OpCostRecorder, OpCosts
 from trainwise.trace.recorder import AllocationRecorder, StorageRecord
 from trainwise.trace.untraced_transformers import documents_in_every_row, fake_tensors_are_not_tracing
@@ -72,7 +73,8 @@ def trace_training_step(model: nn.Module, batch_fn, plan: Plan, target_device_ty
     scope = ModuleScope(model)
     blocks = BlockTracker(model)
     recorder = AllocationRecorder(scope, blocks)
-    recorder.costs = OpCostRecorder(model)
+    regions = CompiledRegions(plan.compile_scope, blocks) if plan.compile else None
+    recorder.costs = OpCostRecorder(model, regions, recorder.key_of)
     low_precision = policy.param_dtype != torch.float32 or policy.autocast_dtype is not None
     recorder.output_fixes.update(layer_norm_fixes(target_device_type, low_precision))
     offloaded_activations(model, recorder, target_device_type)
