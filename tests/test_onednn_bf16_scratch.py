@@ -18,7 +18,7 @@ import torch
 
 from onednn_isa import CAN_CAP, WITHOUT_BF16_KERNELS
 
-M, K, N = 64, 128, 64  # tiny-bert's attention output projection at batch 2 x 32 tokens
+M, K, N = 64, 128, 64  # the weight gradient of a 64 x 64 projection of tiny-bert at batch 2 x 64 tokens
 
 _ALLOCATIONS = """
 import torch
@@ -46,4 +46,4 @@ def test_without_onednn_bf16_kernels_a_bf16_matmul_allocates_its_output_only():
 @pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="this CPU's oneDNN has no bf16 kernels")
 def test_with_onednn_bf16_kernels_a_bf16_matmul_also_takes_a_scratchpad():
     allocations = _bf16_matmul_allocations()
-    assert M * N * 2 in allocations and len(allocations) == 2 and sum(allocations) > M * N * 2, allocations
+    assert M * N * 2 in allocations and sum(allocations) > M * N * 2, allocations
