@@ -77,9 +77,10 @@ def test_estimate_matches_a_real_cpu_step(name, knobs):
 
 # bf16 and bf16-pure on the image models, against a real step whose oneDNN has no bf16 kernels: with them
 # (AVX512-BF16, AMX) each bf16 matmul, convolution and flash-attention call also takes a oneDNN scratchpad
-# sized by the CPU's instruction set and thread count, which no fake kernel shows (docs/estimate.md: ViT
-# -3.3 % bf16 and -6.6 % bf16-pure on an AVX512-BF16 EPYC, -35 % and -51 % on an AMX Xeon, from the patch
-# embedding's convolution backward). Without them the trace matches to the byte.
+# sized by the CPU's instruction set and thread count, which no fake kernel shows (docs/estimate.md, *bf16 on
+# the CPU*: ViT -3.3 % bf16 and -6.6 % bf16-pure on the EPYC of results/tasks-cpu.md, a matmul's scratchpad
+# at the peak; -35 % and -51 % on an AMX Xeon, the patch embedding's convolution backward's). Without them
+# the trace matches to the byte.
 @pytest.mark.skipif(not CAN_CAP, reason="ONEDNN_MAX_CPU_ISA caps x86 instruction sets only")
 @pytest.mark.parametrize("name", ["tiny-vit", "tiny-swin"])
 @pytest.mark.parametrize("precision", ["bf16", "bf16-pure"])
