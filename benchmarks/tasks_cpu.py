@@ -89,6 +89,20 @@ def row(model: str, plan_name: str, steps: int, work: Path) -> str:
             f"{first:.3f} | {last:.3f} |")
 
 
+def onednn_bf16_note() -> str:
+    """Whether this CPU's bf16 rows include oneDNN's scratchpads, which the trace leaves out
+    and whose size follows the instruction set (docs/estimate.md, *bf16 on the CPU*)."""
+    import torch
+
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    capped = f" (capped by ONEDNN_MAX_CPU_ISA={cap})" if cap else ""
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return (f"oneDNN has bf16 kernels here{capped}, and each of their matmul and convolution calls takes a "
+                "scratchpad sized by the instruction set that the trace does not show (docs/estimate.md, "
+                "*bf16 on the CPU*).")
+    return f"oneDNN has no bf16 kernels here{capped}: PyTorch's own bf16 kernels run, as traced."
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
@@ -109,7 +123,7 @@ def main() -> None:
             "the same plan (traced on fake tensors); error = (predicted - measured) / measured. `--seq-len` is "
             "patches (image-cls), decoder tokens (Whisper), audio samples (CTC) or text + image tokens (LLaVA). "
             "The tests hold fp32, checkpointing and LoRA within 3 % (tests/test_tasks_beyond_text.py); bf16 on the "
-            "CPU is shown as measured.\n\n" + "\n".join(rows) + "\n")
+            f"CPU is shown as measured: {onednn_bf16_note()}\n\n" + "\n".join(rows) + "\n")
     text = provenance.page("Tasks beyond text on the CPU: memory and loss", provenance.finish(prov), body)
     tmp = args.page.with_suffix(".tmp")
     tmp.write_text(text, encoding="utf-8")

@@ -87,7 +87,7 @@ class MeasuredStep:
         return dataclasses.asdict(self)
 
 
-def measure_step(spec: ModelSpec, plan: Plan, *, seed: int = 0) -> MeasuredStep:
+def measure_step(spec: ModelSpec, plan: Plan, *, seed: int = 0, events_out: list | None = None) -> MeasuredStep:
     """Build `spec` on the CPU, apply `plan`'s recipe and measure one steady-state step.
 
     The step: optimizer state created first with stand-in (zero) gradients, then all
@@ -95,7 +95,8 @@ def measure_step(spec: ModelSpec, plan: Plan, *, seed: int = 0) -> MeasuredStep:
     backward of loss / grad_accum), gradient clipping when max_grad_norm > 0,
     optimizer.step(), zero_grad(set_to_none=True). (The tracer runs at most two
     micro-batches, claiming later ones repeat the second; running them all here checks
-    that claim.)"""
+    that claim.) `events_out`, when given, receives the profile's kineto events, for a tool
+    that attributes the allocations to ops (benchmarks/op_allocations_cpu.py)."""
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
     policy = precision_policy(plan.precision, "cpu")
@@ -117,7 +118,9 @@ def measure_step(spec: ModelSpec, plan: Plan, *, seed: int = 0) -> MeasuredStep:
         raise AssertionError(f"optimizer state changed size in a steady-state step: "
                              f"{optimizer_before} -> {optimizer_after} bytes")
     events = prof.profiler.kineto_results.events()
-    peak, at_start, peak_ns = _peak_in_step(events)
+    if events_out is not None:
+        events_out.extend(events)
+    peak, at_start, peak_ns = peak_in_step(events)
     params = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return MeasuredStep(params=params, trainable_params=trainable, weights=weights, buffers=buffers,
@@ -221,7 +224,7 @@ class _PhaseClock:
         return phase
 
 
-def _peak_in_step(events) -> tuple[int, int, int]:
+def peak_in_step(events) -> tuple[int, int, int]:
     """(peak live bytes inside the step range, live bytes at its start, time of the peak).
 
     `events` are the kineto events of a profile started before anything of the run was
