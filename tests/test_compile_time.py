@@ -112,7 +112,10 @@ def _space(allow: str = ""):
                        64, flash_refusal="not installed")
 
 
-def test_the_search_tries_compile_and_float8_only_when_allowed():
+def test_the_search_tries_compile_and_float8_only_when_allowed(monkeypatch):
+    from trainwise.planner import refine as refine_module
+
+    monkeypatch.setattr(refine_module, "installed", lambda package: True)  # torchao, which float8 is traced with
     h100 = resolve_device("H100")
     for allow, float8 in (("", False), ("float8", True)):
         space = _space(allow)

@@ -101,6 +101,7 @@ def test_a_run_here_needs_torchao_and_compile_while_estimate_predicts_for_elsewh
     from trainwise.step import float8 as float8_module
 
     plan = Plan(device="H100", **F8)
+    monkeypatch.setattr(float8_module, "installed", lambda package: True)  # the estimate traces torchao
     check_request(plan, resolve_device("H100"), resolve_model("tiny-llama"), here=False)
     monkeypatch.setattr(float8_module, "installed", lambda package: False)
     missing = _refusal(plan, here=True)

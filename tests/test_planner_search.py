@@ -218,3 +218,11 @@ def test_a_gpu_search_says_the_kernels_it_does_not_try():
     assert refine.not_allowed(space_for(), H100) == [
         "float8 not searched: it changes the training math; add --allow float8 to try it"]
     assert refine.not_allowed(space_for({"float8": False}), H100) == []  # held by the user
+
+
+def test_an_allowed_float8_search_without_torchao_says_so(monkeypatch):
+    monkeypatch.setattr(refine, "installed", lambda package: package != "torchao")
+    allowed = space_for(allow="float8")
+    assert "float8" not in [r.name for r in refine.refinements_for(allowed, H100)]
+    assert refine.not_allowed(allowed, H100) == [
+        "float8 not searched: its estimate traces torchao, which is not installed here (pip install torchao)"]

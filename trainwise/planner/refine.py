@@ -45,6 +45,8 @@ class Refinement:
     useful: Callable[[Plan], bool] = lambda best: True
     runs_on: Callable[[Device], bool] = lambda device: True
     allow: str | None = None  # the --allow value it needs (a technique that changes the math)
+    # A package the estimate traces it with, needed here whatever the target.
+    traced_with: str | None = None
 
 
 @dataclass(frozen=True)
@@ -74,11 +76,9 @@ def compile_can_run(device: Device) -> bool:
 
 
 def float8_can_run(device: Device) -> bool:
-    """Float8 matmuls need compute capability 8.9+, and torchao where the plan will run
-    (here for this machine's GPU; unknown for a catalog GPU)."""
+    """Float8 matmuls need compute capability 8.9+."""
     gpu = device.gpu
-    return (device.kind == "cuda" and gpu is not None and gpu.supports_float8
-            and (device.source == "catalog" or installed("torchao")))
+    return device.kind == "cuda" and gpu is not None and gpu.supports_float8
 
 
 REFINEMENTS = (
@@ -97,7 +97,7 @@ REFINEMENTS = (
     Refinement("compile", {"compile": True}, lambda p: not p.compile and p.tp == 1, runs_on=compile_can_run),
     Refinement("float8", {"float8": True},
                lambda p: p.compile and not p.float8 and p.precision in ("bf16", "bf16-pure") and not p.lora
-               and p.tp == 1, runs_on=float8_can_run, allow="float8"),
+               and p.tp == 1, runs_on=float8_can_run, allow="float8", traced_with="torchao"),
 )
 
 
@@ -105,14 +105,22 @@ def refinements_for(space: Space, device: Device) -> list[Refinement]:
     """The refinements whose knobs the user did not fix, that run on `device`, and whose
     change of the math (if any) the user allowed."""
     return [r for r in REFINEMENTS if not any(k in space.fixed for k in r.changes) and r.runs_on(device)
-            and (r.allow is None or r.allow in space.allow)]
+            and (r.allow is None or r.allow in space.allow) and (r.traced_with is None or installed(r.traced_with))]
 
 
 def not_allowed(space: Space, device: Device) -> list[str]:
-    """Notes for the refinements left out only because they change the math."""
-    return [f"{r.name} not searched: it changes the training math; add --allow {r.allow} to try it"
-            for r in REFINEMENTS if r.allow is not None and r.allow not in space.allow and r.runs_on(device)
-            and not any(k in space.fixed for k in r.changes)]
+    """Notes for the refinements left out only because they change the math, or because
+    the package their estimate traces is not installed here."""
+    notes = []
+    for r in REFINEMENTS:
+        if not r.runs_on(device) or any(k in space.fixed for k in r.changes):
+            continue
+        if r.allow is not None and r.allow not in space.allow:
+            notes.append(f"{r.name} not searched: it changes the training math; add --allow {r.allow} to try it")
+        elif r.traced_with is not None and not installed(r.traced_with):
+            notes.append(f"{r.name} not searched: its estimate traces {r.traced_with}, which is not installed here "
+                         f"(pip install {r.traced_with})")
+    return notes
 
 
 def refine(result: SearchResult, space: Space, device: Device, evaluator: Evaluator, top: int) -> SearchResult:
