@@ -13,13 +13,14 @@ from trainwise.common.progress import Progress
 
 
 @contextlib.contextmanager
-def progress_bar() -> Iterator[Progress]:
-    """A Progress callback drawing one bar per kind of work (`what`)."""
+def progress_bar(console=None) -> Iterator[Progress]:
+    """A Progress callback drawing one bar per kind of work (`what`), on `console` (a
+    rich Console; standard error by default)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
     from rich.progress import Progress as RichProgress
 
-    console = Console(stderr=True)
+    console = console if console is not None else Console(stderr=True)
     if not console.is_terminal:
         yield _nothing
         return
