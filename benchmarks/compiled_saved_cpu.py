@@ -18,20 +18,16 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gc
+import sys
 
 import provenance
 
 provenance.add_repo_to_path()
+sys.path.insert(0, str(provenance.REPO / "tests"))  # the measured step: tests/compiled_step.py
 
 import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from trainwise.engine.compile_regions import compile_model_parts  # noqa: E402
-from trainwise.engine.memory_probe import highest_running_sum, unique_storage_bytes  # noqa: E402
-from trainwise.models import build_model, example_batch, resolve_model  # noqa: E402
 from trainwise.plan.plan import Plan  # noqa: E402
-from trainwise.step import build_optimizer, compute_loss, precision_policy, prepare_model  # noqa: E402
 
 
 def saved_storages(loss: torch.Tensor, exclude: set[int]) -> dict[int, tuple[int, str, set[str]]]:
@@ -65,27 +61,9 @@ def _held(node) -> list[torch.Tensor]:
 
 def measure(name: str, plan: Plan) -> tuple[int, dict]:
     """(peak of the second step, saved storages after its forward)."""
-    spec = resolve_model(name)
-    torch.manual_seed(0)
-    generator = torch.Generator().manual_seed(0)
-    model = build_model(spec, "cpu", attention=plan.attention, batch_size=plan.batch_size, seq_len=plan.seq_len)
-    model = prepare_model(model, plan, precision_policy(plan.precision, "cpu"), spec.task)
-    forward = compile_model_parts([model], plan, in_place=False)[0]
-    optimizer = build_optimizer(plan, model, "cpu")
-    exclude = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-    for _ in range(2):
-        gc.collect()
-        state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
-        baseline = unique_storage_bytes([*model.parameters(), *model.buffers(), *state])
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            batch = example_batch(spec, plan.batch_size, plan.seq_len, device="cpu", generator=generator)
-            loss = compute_loss(forward, batch)
-            saved = saved_storages(loss, exclude)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            del batch, loss
-    return baseline + highest_running_sum(prof.profiler.kineto_results.events()), saved
+    from compiled_step import second_step_peak
+
+    return second_step_peak(name, plan, after_forward=saved_storages)
 
 
 def main() -> None:
