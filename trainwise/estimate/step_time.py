@@ -54,10 +54,10 @@ METADATA_HOST_SHARE = 0.25
 # every other op class by its step_non_matmul_factor (the optimizer: see _step_factor).
 CONTRACTIONS = ("matmul", "attention")
 OPTIMIZER_PHASES = ("optimizer", "zero_grad")
-# Phases whose device work the host can run ahead of, on CUDA (recomputation is backward's).
 COMPILED_NOTE = ("--compile (scope {scope}): the compiled regions' element-wise chains priced as fused kernels "
                  "(the bytes entering and leaving each chain, host time per launched kernel and per region call: "
                  "trainwise/trace/fusion.py); compile time is not in the step")
+# Phases whose device work the host can run ahead of, on CUDA (recomputation is backward's).
 OVERLAP_GROUPS = {"forward": "forward", "backward": "backward", "optimizer": "optimizer", "zero_grad": "optimizer"}
 
 

@@ -151,7 +151,6 @@ class OpCostRecorder:
             row[2] += read
             row[3] += written
 
-
     def saved(self, key: int | None) -> None:
         """Autograd keeps storage `key` for backward (a compiled region writes it out)."""
         if self.fusion is not None:
