@@ -26,10 +26,10 @@ ALLOWED = ("builtin, synthetic, a .txt, .jsonl, .csv or .parquet file, a directo
            "or a save_to_disk directory")
 SAVED_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 # Read whole, a .txt file sits in memory several times over while it is tokenized (the
-# text, then its ids as Python and Arrow lists: a 40 MB file peaked at 2.4 GB). Above this
-# size it is read line by line instead; below it, one record per file is the faster read
-# and tokenizes exactly as the whole text would (no token is cut at a line break). 8 MiB
-# bounds the whole-file cost to some 0.4 GB at the measured ~50x.
+# text, then its ids as Python and Arrow lists: a 40 MB file peaked at 2.4 GB RSS,
+# benchmarks/data_memory.py). Above this size it is read line by line instead; below it,
+# one record per file is the faster read and tokenizes exactly as the whole text would (no
+# token is cut at a line break). 8 MiB bounds the whole-file cost to some 0.5 GB (~60x).
 LINE_RECORDS_ABOVE_BYTES = 8 * 1024 * 1024
 
 
