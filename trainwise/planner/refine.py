@@ -31,6 +31,7 @@ from trainwise.planner.candidate import Candidate
 from trainwise.planner.search import Evaluator, SearchResult, candidate_of, confirm, fits, rank_key
 from trainwise.planner.space import Space
 from trainwise.plan.plan import Plan
+from trainwise.step.float8 import float8_plan_problem
 
 
 @dataclass(frozen=True)
@@ -95,9 +96,8 @@ REFINEMENTS = (
     Refinement("Liger kernels", {"kernels": "liger"}, lambda p: p.kernels == "none", runs_on=liger_can_run),
     # Per block (the default scope); refused with --tp, so plans with it are left as they are.
     Refinement("compile", {"compile": True}, lambda p: not p.compile and p.tp == 1, runs_on=compile_can_run),
-    Refinement("float8", {"float8": True},
-               lambda p: p.compile and not p.float8 and p.precision in ("bf16", "bf16-pure") and not p.lora
-               and p.tp == 1, runs_on=float8_can_run, allow="float8", traced_with="torchao"),
+    Refinement("float8", {"float8": True}, lambda p: p.compile and not p.float8 and float8_plan_problem(p) is None,
+               runs_on=float8_can_run, allow="float8", traced_with="torchao"),
 )
 
 

@@ -27,14 +27,9 @@ def check_float8(plan, device: Device, here: bool) -> None:
     must be installed here."""
     if not plan.float8:
         return
-    if plan.precision not in FLOAT8_PRECISIONS:
-        raise InputError("--float8", f"casts bf16 matmuls to float8; --precision {plan.precision} is not bf16: "
-                                     "use --precision bf16 or bf16-pure")
-    if plan.lora:
-        raise InputError("--float8", "with LoRA (--lora-rank) is not supported yet: drop one of them")
-    if plan.tp > 1:
-        raise InputError("--float8", "with tensor parallel (--tp) is not supported yet (it needs torchao's "
-                                     "float8 parallel styles): drop one of them")
+    problem = float8_plan_problem(plan)
+    if problem is not None:
+        raise problem
     _check_float8_device(device)
     if here:
         _check_float8_here(plan)
@@ -44,6 +39,20 @@ def check_float8(plan, device: Device, here: bool) -> None:
         raise InputError("--float8", "is estimated by tracing torchao's float8 layers, and the torchao package is "
                                      f"not installed here ({INSTALL_LINE}, or pip install torchao: the trace needs "
                                      "no GPU)")
+
+
+def float8_plan_problem(plan) -> InputError | None:
+    """Why the rest of `plan` rules float8 out, wherever it runs (None: nothing does); the
+    plan search asks this before it tries float8 on a plan."""
+    if plan.precision not in FLOAT8_PRECISIONS:
+        return InputError("--float8", f"casts bf16 matmuls to float8; --precision {plan.precision} is not bf16: "
+                                      "use --precision bf16 or bf16-pure")
+    if plan.lora:
+        return InputError("--float8", "with LoRA (--lora-rank) is not supported yet: drop one of them")
+    if plan.tp > 1:
+        return InputError("--float8", "with tensor parallel (--tp) is not supported yet (it needs torchao's "
+                                      "float8 parallel styles): drop one of them")
+    return None
 
 
 def _check_float8_device(device: Device) -> None:
