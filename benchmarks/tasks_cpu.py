@@ -23,17 +23,10 @@ from pathlib import Path
 import provenance
 
 provenance.add_repo_to_path()
+sys.path.insert(0, str(provenance.REPO / "tests"))  # the rows: tests/tiny_tasks.py, as the tests measure them
 
-# model -> (task, --seq-len: patches, decoder tokens, audio samples or text + image tokens)
-MODELS = {
-    "tiny-vit": ("image-cls", 64),
-    "tiny-swin": ("image-cls", 256),
-    "tiny-convnext": ("image-cls", 256),
-    "tiny-whisper": ("speech-seq2seq", 32),
-    "tiny-wav2vec2": ("ctc", 4000),
-    "tiny-llava": ("vision-lm", 96),
-    "tiny-bert": ("token-cls", 64),
-}
+from tiny_tasks import MODELS  # noqa: E402
+
 PLANS = {"fp32": [], "grad-ckpt": ["--grad-ckpt"], "lora r4": ["--lora-rank", "4"], "bf16": ["--precision", "bf16"],
          "bf16-pure": ["--precision", "bf16-pure"]}
 BATCH = 2

@@ -17,6 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memory_reference import measure_step
 from onednn_isa import CAN_CAP, WITHOUT_BF16_KERNELS, measure_step_capped
+from tiny_tasks import MODELS
 from trainwise.api import estimate
 from trainwise.api.training import train
 from trainwise.cli.main import main
@@ -28,16 +29,6 @@ from trainwise.plan.plan import Plan
 from trainwise.trace.plain_batch import PlainBatchMode
 
 PEAK_TOLERANCE = 0.03  # the bound for every new task family
-# model -> (task, --seq-len: patches, decoder tokens, audio samples or text + image tokens)
-MODELS = {
-    "tiny-vit": ("image-cls", 64),
-    "tiny-swin": ("image-cls", 256),
-    "tiny-convnext": ("image-cls", 256),
-    "tiny-whisper": ("speech-seq2seq", 32),
-    "tiny-wav2vec2": ("ctc", 4000),
-    "tiny-llava": ("vision-lm", 96),
-    "tiny-bert": ("token-cls", 64),
-}
 CONVNEXT_GAP = ("measured -41 % at batch 2: activations match to the byte, but the CPU's depthwise-convolution "
                 "backward (oneDNN) allocates scratch inside the kernel that the fake kernel does not; with LoRA (no "
                 "weight gradients for the convolutions) the peak is exact")
