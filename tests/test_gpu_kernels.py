@@ -211,6 +211,33 @@ def test_the_estimate_traces_float8_matmuls_at_the_float8_rate():
     assert fp8.time.breakdown["elementwise"] > plain.time.breakdown["elementwise"]
 
 
+def test_fsdp_gathers_float8_weights_at_one_byte_and_reduces_each_scale_first():
+    """Under FSDP2 torchao all-gathers a float8 layer's weight in float8: the estimate's
+    gathered-parameter buffer drops by one byte per converted element of each gathered
+    block, the all-gather moves those bytes less, and each gather pays one scale all-reduce
+    per float8 weight (7 per tiny-llama block)."""
+    pytest.importorskip("torchao.float8")
+    from trainwise.api import estimate
+
+    layout = {"device": "H100", "nproc": 2, "fsdp": 2, "zero": 3, "precision": "bf16", "compile": True,
+              "seq_len": 64, "batch_size": 2}
+    plain, fp8 = (estimate("tiny-llama", Plan(**layout, float8=f8)) for f8 in (False, True))
+    block = build_model(resolve_model("tiny-llama"), "meta").model.layers[0]
+    keep = float8_layer_filter(block)
+    converted = sum(module.weight.numel() for name, module in block.named_modules() if keep(module, name))
+    buffer = "fsdp all-gathered parameters"
+    saved = (plain.layout["pipeline_ranks"][0]["communication_buffers"][buffer]
+             - fp8.layout["pipeline_ranks"][0]["communication_buffers"][buffer])
+    assert saved > 0 and saved % converted == 0  # bf16 (2 B) -> float8 (1 B), per gathered block
+
+    def gathered(result):
+        return next(c["bytes"] for c in result.time.collectives if c["name"] == "all_gather")
+
+    # Forward and ZeRO-3's backward gather each of the 2 blocks once; the root unit is not float8.
+    assert gathered(plain) - gathered(fp8) == 2 * 2 * converted
+    assert fp8.time.breakdown["communication_exposed"] > plain.time.breakdown["communication_exposed"]
+
+
 def test_the_gpu_extra_pins_every_optional_gpu_package():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     names = {spec.split(">")[0].split("<")[0].split("=")[0].strip(): spec for spec in extras["gpu"]}

@@ -33,17 +33,21 @@ def fsdp_collectives(work: RankWork, groups: Groups, zero3: bool) -> list[Collec
     block_params = work.params_in_blocks / blocks
     root_params = work.params - work.params_in_blocks
     shards = groups.size["fsdp"]
-    gather = lambda n: groups.seconds("all_gather", n * work.gather_bytes, "fsdp")  # noqa: E731
+    # One unit's gather: its all-gather, and before it torchao's scale all-reduce per float8 weight.
+    amax = groups.seconds("all_reduce", 4, "fsdp")
+    gather_root = groups.seconds("all_gather", work.root_unit_gather_bytes, "fsdp") + work.amax_reductions_root * amax
+    gather_block = (groups.seconds("all_gather", work.one_block_gather_bytes, "fsdp")
+                    + work.amax_reductions_per_block * amax)
     scatter = lambda n: groups.seconds("reduce_scatter", n * trainable * work.reduce_bytes, "fsdp")  # noqa: E731
     replicas = lambda n: groups.seconds("all_reduce", n * trainable * work.reduce_bytes / shards, "dp")  # noqa: E731
     forward_block = work.forward_s * work.chunks / blocks
     backward_block = work.backward_s * work.chunks / blocks
     accumulate = work.grad_accum
     # Forward, every micro-batch: the root unit (embedding) first, then the blocks.
-    forward_total = gather(root_params) + blocks * gather(block_params)
-    forward_exposed = gather(root_params) + _prefetched(gather(block_params), forward_block, blocks)
+    forward_total = gather_root + blocks * gather_block
+    forward_exposed = gather_root + _prefetched(gather_block, forward_block, blocks)
     # Backward of the micro-batches before the last: ZeRO-3's gathers only.
-    regather = gather(block_params) if zero3 else 0.0
+    regather = gather_block if zero3 else 0.0
     plain_exposed = _prefetched(regather, backward_block, blocks)
     # The last micro-batch's backward: gathers and reductions share the link.
     reduce_block = scatter(block_params) + replicas(block_params)
@@ -64,7 +68,8 @@ def _entries(work: RankWork, groups: Groups, zero3: bool, gathers_total: float, 
     """The step's FSDP2 collectives by kind, the reduction's exposure split between the
     shard group's reduce-scatter and the replicas' all-reduce by their time."""
     shards, replicas = groups.size["fsdp"], groups.size["dp"]
-    gathered = work.grad_accum * work.gather_bytes * (work.params + (work.params_in_blocks if zero3 else 0))
+    blocks = max(work.blocks, 1)
+    gathered = work.grad_accum * (work.root_unit_gather_bytes + blocks * work.one_block_gather_bytes * (2 if zero3 else 1))
     gradient_bytes = work.params * trainable * work.reduce_bytes
     entries = []
     if shards > 1:

@@ -16,13 +16,20 @@ from trainwise.plan.partition import pipeline_microbatches, stages_per_rank
 from trainwise.plan.plan import Plan
 
 
+def gathered_bytes(params: list[RankParameter], compute: torch.dtype | None) -> int:
+    """Bytes of the unsharded parameters FSDP2's all-gather produces for `params` (one copy
+    each): the compute dtype (None: each one's own), or the parameter's own gathered size
+    (float8 weights, one byte each)."""
+    return sum(math.prod(p.shape) * (p.gathered_itemsize or (compute or p.dtype).itemsize) for p in params)
+
+
 class Communication:
     """The rank's communication buffers on the device, in bytes by what they are for, at a
     point of the step (`at(phase, live)`).
 
     FSDP2 (engine/parallel/fsdp.py) gathers a block's parameters in the compute dtype (bf16
-    under its bf16 policy, else the weights' dtype) and reduce-scatters its gradients (fp32
-    under bf16). The root unit (embedding, final norm, head) stays gathered from forward to
+    under its bf16 policy, else the weights' dtype; float8 weights in float8) and
+    reduce-scatters its gradients (fp32 under bf16). The root unit (embedding, final norm, head) stays gathered from forward to
     backward. ZeRO-2 keeps every block gathered from its forward to its backward; ZeRO-3
     holds the running block and the prefetched next one in forward, and in backward the
     running, the prefetched and the previous block's reduce-scatter input. A traced peak
@@ -46,12 +53,11 @@ class Communication:
         if self.fsdp:
             compute = torch.bfloat16 if self.settings.gathers_bf16 else None
 
-            def full(selected, dtype=None):
-                return sum(math.prod(p.shape) * (dtype or p.dtype).itemsize for p in selected)
-            self.block = full([p for p in params if p.in_block], compute)
-            self.root = full([p for p in params if not p.in_block], compute)
+            self.block = gathered_bytes([p for p in params if p.in_block], compute)
+            self.root = gathered_bytes([p for p in params if not p.in_block], compute)
             reduce = torch.float32 if compute is not None else None
-            self.reduce_block = full([p for p in params if p.in_block and p.trainable], reduce)
+            self.reduce_block = sum(math.prod(p.shape) * (reduce or p.dtype).itemsize
+                                    for p in params if p.in_block and p.trainable)
         self.pipeline = 0
         if layout.pp > 1:
             total = layout.pp * stages_per_rank(plan.pp_schedule)

@@ -18,6 +18,7 @@ from trainwise.estimate.rank_view import RankModel, RankView
 from trainwise.models.families import family_of
 from trainwise.plan.partition import per_part_shape, zero_one_owner
 from trainwise.plan.plan import Plan
+from trainwise.step.float8 import gathered_in_float8
 
 STATE_KEYS = ("weights", "gradients", "optimizer")
 
@@ -30,6 +31,9 @@ class RankParameter:
     trainable: bool
     copies: int  # blocks holding one like it
     in_block: bool
+    # Bytes per element FSDP2 all-gathers it in when the parameter decides that itself
+    # (torchao's float8 weights: 1); None: the precision policy's compute dtype.
+    gathered_itemsize: int | None = None
 
 
 def rank_parameters(rank_model: RankModel, plan: Plan, policy, view: RankView, tp: int = 1) -> list[RankParameter]:
@@ -60,7 +64,8 @@ def rank_parameters(rank_model: RankModel, plan: Plan, policy, view: RankView, t
             continue
         block = id(param) in in_block
         params.append(RankParameter(name, _held_shape(name, tuple(param.shape), fused if tp > 1 else {}), param.dtype,
-                             param.requires_grad, view.blocks if block else 1, block))
+                             param.requires_grad, view.blocks if block else 1, block,
+                             1 if plan.float8 and gathered_in_float8(param) else None))
     return params
 
 

@@ -27,6 +27,10 @@ class RankWork:
     activation_bytes: one tensor-parallel activation collective, which is also one pipeline
     message: chunk rows x sequence x hidden x the activations' dtype bytes.
     grad_accum: micro-batches per optimizer step; chunks: pipeline chunks per micro-batch.
+    root_gather_bytes, block_gather_bytes: bytes of one all-gather of the root unit and of
+    one block as FSDP2 produces them (float8 weights at one byte; None: the elements x
+    gather_bytes); amax_reductions_root, amax_reductions_per_block: the tiny all-reduces
+    torchao runs before such a gather, one per float8 weight (its scale).
     compute_breakdown: optional seconds per category (the time model's names) of one
     chunk's forward and backward; passed through, scaled to the step."""
 
@@ -47,10 +51,26 @@ class RankWork:
     has_embedding: bool = True
     has_head: bool = True
     compute_breakdown: dict[str, float] = field(default_factory=dict)
+    root_gather_bytes: int | None = None
+    block_gather_bytes: int | None = None
+    amax_reductions_root: int = 0
+    amax_reductions_per_block: int = 0
 
     @property
     def chunk_compute_s(self) -> float:
         return self.forward_s + self.backward_s
+
+    @property
+    def root_unit_gather_bytes(self) -> int:
+        if self.root_gather_bytes is not None:
+            return self.root_gather_bytes
+        return (self.params - self.params_in_blocks) * self.gather_bytes
+
+    @property
+    def one_block_gather_bytes(self) -> float:
+        if self.block_gather_bytes is not None:
+            return self.block_gather_bytes
+        return self.params_in_blocks / max(self.blocks, 1) * self.gather_bytes
 
 
 def communicated_bytes(precision: str, device_type: str, data_parallel_kind: str) -> dict[str, int]:
@@ -92,6 +112,8 @@ def rank_work(plan, layout, view, params, hidden_size: int, device_type: str, fo
     held = sum(p.copies * _elements(p.shape) for p in params)
     dtypes = communicated_bytes(plan.precision, device_type, layout.data_parallel_kind)
     activation = layout.chunk_batch * plan.seq_len * hidden_size * dtypes.pop("activation_bytes")
+    gathered = lambda p: _elements(p.shape) * (p.gathered_itemsize or dtypes["gather_bytes"])  # noqa: E731
+    block_params = [p for p in params if p.in_block]  # each stands for one per block
     return RankWork(forward_s=forward_s, backward_s=backward_s, optimizer_s=optimizer_s, params=held,
                     trainable_params=sum(p.copies * _elements(p.shape) for p in params if p.trainable),
                     params_in_blocks=sum(p.copies * _elements(p.shape) for p in params if p.in_block),
@@ -99,7 +121,11 @@ def rank_work(plan, layout, view, params, hidden_size: int, device_type: str, fo
                     chunks=layout.microbatches,
                     recomputed_blocks=recomputed_blocks(plan, view.block_ranges or ((0, view.blocks),)),
                     has_embedding=view.has_embedding,
-                    has_head=view.has_head, compute_breakdown=dict(compute_breakdown or {}), **dtypes)
+                    has_head=view.has_head, compute_breakdown=dict(compute_breakdown or {}),
+                    root_gather_bytes=sum(gathered(p) for p in params if not p.in_block),
+                    block_gather_bytes=sum(gathered(p) for p in block_params),
+                    amax_reductions_root=sum(1 for p in params if not p.in_block and p.gathered_itemsize == 1),
+                    amax_reductions_per_block=sum(1 for p in block_params if p.gathered_itemsize == 1), **dtypes)
 
 
 def _elements(shape) -> int:

@@ -107,6 +107,18 @@ def apply_float8(model: nn.Module, plan) -> nn.Module:
     return model
 
 
+def gathered_in_float8(param: torch.Tensor) -> bool:
+    """Whether FSDP2 all-gathers `param` in float8 (one byte per element, plus one fp32
+    scale) rather than in its compute dtype: a converted layer's weight under the float8
+    all-gather apply_float8 turns on for sharded plans. torchao then finds the weight's
+    scale by an all-reduce of its shard's absolute maximum before each gather."""
+    if not installed("torchao"):
+        return False
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    return isinstance(param, WeightWithDynamicFloat8CastTensor)
+
+
 def _input_in_autocast_dtype(module: nn.Module, args: tuple):
     """Cast a converted layer's input to the autocast dtype, as torchao's forward does under
     CUDA autocast. torchao looks at CUDA autocast only; the estimate traces a CUDA step
