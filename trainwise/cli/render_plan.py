@@ -12,8 +12,6 @@ from trainwise.common.atomic import atomic_write_text
 from trainwise.common.units import human_bytes
 from trainwise.planner.emit import train_flags
 
-GIB = 2 ** 30
-
 
 def write_outputs(report, out_dir: str | None) -> list[str | None]:
     """Each shown plan as OUT/plan-N.yaml (atomically); the paths (None when not written)."""
@@ -49,11 +47,11 @@ def render_plan(report, paths: list[str | None], console) -> None:
                   f"{result.evaluations} estimates, {report.seconds:.1f} s; fit: predicted device total <= {usable} "
                   f"({report.margin * 100:.0f} % margin)")
     table = Table(show_header=True, header_style="bold")
-    for column in ("#", "memory (GiB, predicted)", "step (s, predicted)", "tokens/s (predicted)", "MFU (predicted)",
+    for column in ("#", "device memory (predicted)", "step (s, predicted)", "tokens/s (predicted)", "MFU (predicted)",
                    "changes math"):
         table.add_column(column)
     for rank, candidate in enumerate(result.ranked, 1):
-        table.add_row(str(rank), f"{candidate.memory_bytes / GIB:.1f}", _number(candidate.step_s, ".3g"),
+        table.add_row(str(rank), human_bytes(candidate.memory_bytes), _number(candidate.step_s, ".3g"),
                       _number(candidate.tokens_per_s, ",.0f"),
                       "-" if candidate.mfu is None else f"{candidate.mfu * 100:.0f} %",
                       ", ".join(candidate.changes_math) or "no")
