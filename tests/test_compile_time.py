@@ -122,6 +122,24 @@ def test_a_compile_twin_priced_from_the_eager_trace_is_the_fresh_estimate(blocks
     assert other.reused == 0, "only the compile knob may differ"
 
 
+def test_the_search_traces_no_step_twice_for_compile(monkeypatch):
+    import trainwise.api.plan as plan_api
+    import trainwise.estimate.predict as predict
+
+    traced, estimated = [], []
+    trace, estimate_ = predict.trace_training_step, plan_api.estimate
+    monkeypatch.setattr(predict, "trace_training_step",
+                        lambda model, batch_fn, plan, *a, **k: traced.append(plan) or trace(model, batch_fn, plan, *a, **k))
+    monkeypatch.setattr(plan_api, "estimate", lambda spec, plan, **k: estimated.append(plan) or estimate_(spec, plan, **k))
+    report = plan_api.plan_search("tiny-llama", Plan(device="H100", seq_len=64), {"device", "seq_len"}, global_batch=8)
+    compiled = [p for p in estimated if p.compile]
+    twins_before = [p for p in compiled if p.replace(compile=False) in estimated[:estimated.index(p)]]
+    assert twins_before, "the compile refinement asks for twins of plans it has estimated"
+    steps = [p.replace(compile=False) for p in traced]
+    assert len(steps) == len(set(steps)), "a plan and its compile twin share one trace"
+    assert len(traced) < len(estimated) and report.result.ranked[0].exact
+
+
 def _compile_is_faster(plan: Plan) -> Measure:
     """Memory and time as simple formulas; compile takes 20 % off the step, float8 10 % more."""
     step = 0.1 * plan.batch_size * plan.grad_accum * (0.8 if plan.compile else 1.0) * (0.9 if plan.float8 else 1.0)
