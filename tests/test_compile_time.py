@@ -4,6 +4,7 @@ trying compile (and float8 where allowed) around its confirmed plans."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 from trainwise.api import estimate
 from trainwise.cli.main import main
 from trainwise.estimate.predict import _trace
+from trainwise.estimate.shared_traces import SharedTraces
 from trainwise.hardware import resolve_device
 from trainwise.hardware.profile import DeviceProfile, Rate
 from trainwise.models import resolve_model
@@ -20,6 +22,7 @@ from trainwise.planner.compose import Measure
 from trainwise.planner.refine import refine
 from trainwise.planner.search import search
 from trainwise.planner.space import build_space, parse_allow
+from trainwise.trace.depth import with_blocks
 from trainwise.trace.fusion import FusionGrouper
 
 CPU = resolve_device("cpu")
@@ -98,6 +101,43 @@ def test_estimate_compile_is_no_longer_refused_and_says_its_memory_is_an_upper_b
         out = json.loads(capsys.readouterr().out)
         assert code == 0 and out["plan"]["compile"] and out["plan"]["compile_scope"] == scope
         assert any("upper bound" in note for note in out["notes"])
+
+
+@pytest.mark.parametrize("blocks", [2, 6])  # traced whole; traced at 2 and 3 blocks and extrapolated
+def test_a_compile_twin_priced_from_the_eager_trace_is_the_fresh_estimate(blocks):
+    tiny = resolve_model("tiny-llama")
+    spec = dataclasses.replace(tiny, config=with_blocks(tiny.config, blocks))
+    for knobs in ({}, {"grad_ckpt": True}):
+        eager = Plan(device="H100", batch_size=2, grad_accum=2, seq_len=32, precision="bf16", **knobs)
+        compiled = eager.replace(compile=True)
+        assert estimate(spec, compiled).time.step_s < estimate(spec, eager).time.step_s
+        for first, twin in ((eager, compiled), (compiled, eager)):
+            shared = SharedTraces()
+            estimate(spec, first, shared=shared)
+            assert estimate(spec, twin, shared=shared) == estimate(spec, twin), "memory, time, notes: all of it"
+            assert shared.reused == 1
+    other = SharedTraces()
+    estimate(spec, eager, shared=other)
+    estimate(spec, eager.replace(batch_size=1, compile=True), shared=other)
+    assert other.reused == 0, "only the compile knob may differ"
+
+
+def test_the_search_traces_no_step_twice_for_compile(monkeypatch):
+    import trainwise.api.plan as plan_api
+    import trainwise.estimate.predict as predict
+
+    traced, estimated = [], []
+    trace, estimate_ = predict.trace_training_step, plan_api.estimate
+    monkeypatch.setattr(predict, "trace_training_step",
+                        lambda model, batch_fn, plan, *a, **k: traced.append(plan) or trace(model, batch_fn, plan, *a, **k))
+    monkeypatch.setattr(plan_api, "estimate", lambda spec, plan, **k: estimated.append(plan) or estimate_(spec, plan, **k))
+    report = plan_api.plan_search("tiny-llama", Plan(device="H100", seq_len=64), {"device", "seq_len"}, global_batch=8)
+    compiled = [p for p in estimated if p.compile]
+    twins_before = [p for p in compiled if p.replace(compile=False) in estimated[:estimated.index(p)]]
+    assert twins_before, "the compile refinement asks for twins of plans it has estimated"
+    steps = [p.replace(compile=False) for p in traced]
+    assert len(steps) == len(set(steps)), "a plan and its compile twin share one trace"
+    assert len(traced) < len(estimated) and report.result.ranked[0].exact
 
 
 def _compile_is_faster(plan: Plan) -> Measure:

@@ -211,6 +211,35 @@ def test_narrow_techniques_are_composed_around_the_confirmed_plans_and_kept_when
     assert all(c.plan.loss == "default" for c in kept.ranked)  # a flag the user gave is held
 
 
+def test_a_refinement_that_only_slows_plans_down_costs_no_confirmation():
+    """The screen here is optimistic (an exact estimate at accumulation > 1 pays a per-step
+    second the accumulation-1 traces never see), so plans refined with a slower fused loss
+    still look better than the confirmed best; each is slower than its own plan without the
+    fused loss, which fits too, so none is worth an exact estimate. Where the fused loss is
+    what lets a plan fit, the refined plan is confirmed (previous test)."""
+    from trainwise.planner.refine import refine
+
+    def optimistic_screen(plan):
+        if plan.activation_offload:
+            raise InputError("--activation-offload", "not in this test")
+        measure = formula(plan.replace(loss="default"))
+        slower = 1.2 if plan.loss == "fused" else 1.0  # and frees no memory
+        step = measure.step_s * slower + (1.0 if plan.grad_accum > 1 else 0.0)
+        return Measure(memory_bytes=measure.memory_bytes, step_s=step,
+                       breakdown={**measure.breakdown, "optimizer": step - sum(measure.breakdown.values()) +
+                                  measure.breakdown["optimizer"]}, ideal_s=measure.ideal_s)
+
+    space = space_for({"grad_ckpt": False})
+    evaluator = Counting(optimistic_screen)
+    result = search(space, H100, evaluator, capacity_bytes=80 * GIB, top=1)
+    best = result.ranked[0]
+    assert min(c.step_s for c in result.screened if c.plan.grad_accum > 1) * 1.2 < best.step_s  # hopeful-looking
+    refined = refine(result, space, H100, evaluator, top=1)
+    fused = [p for p in evaluator.plans if p.loss == "fused"]
+    assert fused == [best.plan.replace(loss="fused")], "the effect estimate only, on the best plan"
+    assert refined.ranked[0].plan == best.plan
+
+
 def test_a_gpu_search_says_the_kernels_it_does_not_try():
     notes = " ".join(space_for().notes)
     # Liger, compile and float8 are composed around the confirmed plans (planner/refine.py).

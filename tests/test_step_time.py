@@ -14,6 +14,7 @@ import pytest
 
 from trainwise.api import estimate
 from trainwise.cli.main import main
+from trainwise.estimate.extrapolate import same_timeline
 from trainwise.estimate.predict import _trace
 from trainwise.estimate.step_time import CATEGORIES, OFF_CRITICAL_PATH, predict_step_time, step_breakdown
 from trainwise.hardware import resolve_device
@@ -247,3 +248,20 @@ def test_a_traced_llama_step_counts_its_loss_softmax_and_silu_as_transcendental(
     forward = sum(v[0] for k, v in rows.items() if k[0] == "forward" and k[2] == "transcendental")
     backward = sum(v[0] for k, v in rows.items() if k[0] == "backward" and k[2] == "transcendental")
     assert forward >= 3 and backward >= 3  # log-softmax of the loss and one SiLU per block, and their backward
+
+
+@pytest.mark.parametrize("device", ["cpu", "H100"])
+def test_a_fake_tensors_device_answered_by_the_recorder_traces_the_step_the_fake_mode_would(device, monkeypatch):
+    """`tensor.device` of a fake tensor is dispatched as an op (most ops of a step: autograd
+    asks it for every gradient); the recorder answers it as the fake mode would, and the
+    trace, memory and op table are those of the op run through the fake mode."""
+    from trainwise.trace import recorder
+
+    plan = _plan(device=device, grad_ckpt=True, grad_accum=2, **({"precision": "bf16"} if device != "cpu" else {}))
+    answered = _trace(_spec(3), plan, resolve_device(device))
+    monkeypatch.setattr(recorder, "DEVICE_QUERY", None)  # every op through the general path
+    dispatched = _trace(_spec(3), plan, resolve_device(device))
+    assert same_timeline(answered[0], dispatched[0]) and answered[1] == dispatched[1]
+    assert answered[0].op_costs == dispatched[0].op_costs
+    metadata = answered[0].op_costs.total(0, op_class="metadata", phase="backward")
+    assert metadata > answered[0].op_costs.total(0, phase="backward") / 2, "the device queries are counted"

@@ -16,6 +16,7 @@ from trainwise.estimate.collective_time import Topology
 from trainwise.estimate.layout_estimate import layout_estimate as _per_rank
 from trainwise.estimate.predict import one_device_estimate as _one_device
 from trainwise.estimate.result import EstimateResult
+from trainwise.estimate.shared_traces import SharedTraces
 from trainwise.common.errors import InputError
 from trainwise.hardware import Device, resolve_device
 from trainwise.hardware.profile import DeviceProfile, profile_for
@@ -29,7 +30,7 @@ __all__ = ["EstimateResult", "estimate"]
 def estimate(model: str | ModelSpec, plan: Plan | None = None, *, task: str | None = None,
              trust_remote_code: bool = False,
              profile: str | Path | DeviceProfile | None = None, gpus_per_node: int | None = None,
-             inter_node_gbps: float | None = None) -> EstimateResult:
+             inter_node_gbps: float | None = None, shared: SharedTraces | None = None) -> EstimateResult:
     """Predict the memory of one training step of `model` under `plan` (bytes; on one
     device, or on rank 0 and each pipeline rank under a parallel layout), and its time
     (seconds, `result.time`) where a device profile is known: `profile` (a file written by
@@ -40,7 +41,8 @@ def estimate(model: str | ModelSpec, plan: Plan | None = None, *, task: str | No
     a resolved ModelSpec. Under a layout, `gpus_per_node` (default: every rank on one node)
     and `inter_node_gbps` (Gbit/s per GPU between nodes) place the ranks for the
     communication time (trainwise/estimate/collective_time.py). Nothing is allocated: the model is built on the meta device and
-    the step runs on fake tensors."""
+    the step runs on fake tensors. `shared`: one device's steps traced by earlier estimates
+    (a plan search's), reused for a plan's --compile twin (trainwise/estimate/shared_traces.py)."""
     plan = plan or Plan()
     spec = model if isinstance(model, ModelSpec) else resolve_model(model, task=task, trust_remote_code=trust_remote_code)
     device = resolve_device(plan.device)
@@ -51,7 +53,8 @@ def estimate(model: str | ModelSpec, plan: Plan | None = None, *, task: str | No
     per_rank = plan.is_distributed or plan.cpu_offload
     one_node = resolve_layout(plan).world if per_rank else 1
     topology = Topology.from_gbps(one_node if gpus_per_node is None else gpus_per_node, inter_node_gbps)
-    result = _per_rank(spec, plan, device, rates, topology) if per_rank else _one_device(spec, plan, device, profile=rates)
+    result = _per_rank(spec, plan, device, rates, topology) if per_rank else _one_device(spec, plan, device, profile=rates,
+                                                                                         shared=shared)
     if plan.compile:
         picked = (*picked, COMPILED_MEMORY_NOTE)
     return dataclasses.replace(result, notes=(*picked, *result.notes)) if picked else result

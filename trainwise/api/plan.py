@@ -19,6 +19,7 @@ from trainwise.api.plan_layouts import check_layout_request, layout_candidates
 from trainwise.common.errors import InputError
 from trainwise.common.progress import Progress, silent
 from trainwise.common.units import human_bytes
+from trainwise.estimate.shared_traces import SharedTraces
 from trainwise.hardware import Device, resolve_device
 from trainwise.hardware.profile import DeviceProfile, profile_for
 from trainwise.models import ModelSpec, check_seq_len, resolve_model
@@ -66,18 +67,19 @@ def measure_of(result) -> Measure:
 
 def estimate_evaluator(spec: ModelSpec, profile=None, **topology) -> Evaluator:
     """Evaluator backed by `trainwise.api.estimate` (memoized by plan); a compiled plan is
-    priced as compiled (its memory is the eager step's, an upper bound). `topology`:
-    gpus_per_node, inter_node_gbps for a layout's communication."""
+    priced as compiled (its memory is the eager step's, an upper bound), from its eager
+    twin's trace when one was estimated (SharedTraces). `topology`: gpus_per_node,
+    inter_node_gbps for a layout's communication."""
     seen: dict[Plan, Measure] = {}
     profiles: dict[str, object] = {}  # read once per device, not once per estimate
+    shared = SharedTraces()
 
     def evaluate(plan: Plan) -> Measure:
         if plan not in seen:
             if plan.device not in profiles:
                 profiles[plan.device] = profile_for(resolve_device(plan.device), profile) \
                     if not isinstance(profile, DeviceProfile) else profile
-            seen[plan] = measure_of(estimate(spec, plan, profile=profiles[plan.device],
-                                             **topology))
+            seen[plan] = measure_of(estimate(spec, plan, profile=profiles[plan.device], shared=shared, **topology))
         return seen[plan]
     return evaluate
 

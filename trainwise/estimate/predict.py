@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from dataclasses import dataclass
+from typing import Sequence
 
 from trainwise.estimate.extrapolate import (CannotSynthesize, extrapolate_dataclass, extrapolated_stacks,
                                              same_timeline, synthesize_trace)
 from trainwise.estimate.memory import MemoryEstimate, memory_from_trace
 from trainwise.estimate.result import EstimateResult
+from trainwise.estimate.shared_traces import SharedTraces
 from trainwise.estimate.step_time import predict_step_time
 from trainwise.hardware import Device
 from trainwise.hardware.profile import DeviceProfile
@@ -24,44 +27,78 @@ from trainwise.models import ModelSpec, build_model_with_notes, example_batch
 from trainwise.plan.plan import Plan
 from trainwise.trace.depth import (TRACED_BLOCKS, DepthFit, block_count, checkpoint_every, depth_fit,
                                    extrapolate_by_kind, with_blocks)
-from trainwise.trace.step_trace import StepTrace, trace_training_step
+from trainwise.trace.step_trace import StepTrace, priced_as, trace_training_step
+
+
+@dataclass(frozen=True)
+class TracedStep:
+    """A plan's step traced and read at full depth, before its time is priced: what a plan
+    and its --compile twin share. `traces`: one per traced depth (`fit.depths`), or the
+    whole model's when `fit` is None; `notes`: the model build's."""
+
+    traces: tuple[StepTrace, ...]
+    fit: DepthFit | None
+    memory: MemoryEstimate
+    extrapolation: str | None
+    params: int
+    trainable_params: int
+    activations_by_module: dict[str, int]
+    notes: tuple[str, ...]
 
 
 def one_device_estimate(spec: ModelSpec, plan: Plan, device: Device, reshape=None,
-                        profile: DeviceProfile | None = None, chunks: int = 1) -> EstimateResult:
+                        profile: DeviceProfile | None = None, chunks: int = 1,
+                        shared: SharedTraces | None = None) -> EstimateResult:
     """The traced one-device estimate; `reshape` changes each built model first (the
     per-rank estimate's tensor-parallel shapes). With a `profile`, also the step time
-    (trainwise/estimate/step_time.py; `chunks`: traced passes per micro-step)."""
+    (trainwise/estimate/step_time.py; `chunks`: traced passes per micro-step). `shared`:
+    steps traced by earlier estimates of the same search, of which the plan's compile twin
+    may be one (trainwise/estimate/shared_traces.py); not with `reshape`."""
+    if shared is not None and reshape is None:
+        step = shared.step(spec, plan, device, lambda: traced_step(spec, plan, device, compiled_pricing=True))
+    else:
+        step = traced_step(spec, plan, device, reshape)
+    traces = [priced_as(trace, plan.compile) for trace in step.traces]
+    time = predict_step_time(traces, step.fit, plan, device, profile, spec.name, chunks)
+    fit = step.fit
+    return EstimateResult(model=spec.name, task=spec.task, params=step.params, trainable_params=step.trainable_params,
+                          device=device, plan=plan, memory=step.memory,
+                          activations_by_module=step.activations_by_module,
+                          traced_blocks=fit.depths if fit else None,
+                          total_blocks=fit.target if fit else block_count(spec.config), notes=step.notes,
+                          extrapolation=step.extrapolation, time=time)
+
+
+def traced_step(spec: ModelSpec, plan: Plan, device: Device, reshape=None, *,
+                compiled_pricing: bool = False) -> TracedStep:
+    """Trace `plan`'s step (2-3 blocks and read at full depth, or the whole model) and read
+    its memory. `compiled_pricing`: price the ops as compiled too (trace_training_step)."""
     fit = depth_fit(spec.config, checkpoint_every(plan))
     if fit is None:
-        trace, memory, notes = _trace(spec, plan, device, reshape)
-        params, trainable, traced, extrapolation = trace.params, trace.trainable_params, None, None
-        time = predict_step_time([trace], None, plan, device, profile, spec.name, chunks)
-    else:
-        traces = [_trace(dataclasses.replace(spec, config=with_blocks(spec.config, n)), plan, device, reshape)
-                  for n in fit.depths]
-        memory, extrapolation = _extrapolated_memory(traces, fit, device)
-        params = extrapolate_by_kind([t[0].params for t in traces], fit)
-        trainable = extrapolate_by_kind([t[0].trainable_params for t in traces], fit)
-        large = traces[fit.depths.index(TRACED_BLOCKS[1])]
-        trace, notes, traced = large[0], large[2], fit.depths
-        time = predict_step_time([t[0] for t in traces], fit, plan, device, profile, spec.name, chunks)
-    return EstimateResult(model=spec.name, task=spec.task, params=params, trainable_params=trainable,
-                          device=device, plan=plan, memory=memory,
-                          activations_by_module=_activations_by_module(trace), traced_blocks=traced,
-                          total_blocks=fit.target if fit else block_count(spec.config), notes=tuple(notes),
-                          extrapolation=extrapolation, time=time)
+        trace, notes = _traced(spec, plan, device, reshape, compiled_pricing)
+        return TracedStep((trace,), None, memory_from_trace(trace, device), None, trace.params,
+                          trace.trainable_params, _activations_by_module(trace), notes)
+    traced = [_traced(dataclasses.replace(spec, config=with_blocks(spec.config, n)), plan, device, reshape,
+                      compiled_pricing) for n in fit.depths]
+    traces = tuple(trace for trace, _ in traced)
+    memory, extrapolation = _extrapolated_memory(traces, fit, device)
+    large = fit.depths.index(TRACED_BLOCKS[1])
+    return TracedStep(traces, fit, memory, extrapolation, extrapolate_by_kind([t.params for t in traces], fit),
+                      extrapolate_by_kind([t.trainable_params for t in traces], fit),
+                      _activations_by_module(traces[large]), traced[large][1])
 
 
-def _extrapolated_memory(traces: list, fit: DepthFit, device: Device) -> tuple[MemoryEstimate, str]:
+def _extrapolated_memory(traces: Sequence[StepTrace], fit: DepthFit, device: Device) -> tuple[MemoryEstimate, str]:
     """Memory at full depth from the traces at `fit.depths`: the 3-block timeline repeated
     where the blocks repeat cleanly, else a line through 2 and 3 blocks ("line"), or each
     figure read per layer kind where blocks differ by design ("per-kind")."""
     if fit.uniform:
-        memory = _repeated_blocks(traces[0][0], traces[1][0], fit.target, device)
+        memory = _repeated_blocks(traces[0], traces[1], fit.target, device)
         if memory is not None:
             return memory, "repeated"
-    memory = _at_least_allocated(_peak_from_phases(extrapolate_dataclass([t[1] for t in traces], fit)))
+    # Each depth's own figures, read only here: the repeated timeline above needs none of them.
+    per_depth = [memory_from_trace(trace, device) for trace in traces]
+    memory = _at_least_allocated(_peak_from_phases(extrapolate_dataclass(per_depth, fit)))
     # Per-phase compositions are not kept (the per-rank estimate then rescales the overall
     # peak's), but the peak's is read from its phase's: with depth the peak can move to
     # another phase than the traced depths had it in (from backward to the optimizer step).
@@ -73,13 +110,13 @@ def _extrapolated_memory(traces: list, fit: DepthFit, device: Device) -> tuple[M
     return dataclasses.replace(memory, phase_at_peak={}), "line" if fit.uniform else "per-kind"
 
 
-def _reserved_of_repeated_blocks(memory: MemoryEstimate, traces: list, fit: DepthFit,
+def _reserved_of_repeated_blocks(memory: MemoryEstimate, traces: Sequence[StepTrace], fit: DepthFit,
                                  device: Device) -> MemoryEstimate:
     """Peak reserved where blocks differ by design: what the caching allocator keeps is not
     a line in depth (which cached block serves a request), so it is taken from the
     3-block timeline written out at full depth as if every block were of block 1's kind,
     plus the bytes by which the per-kind peak allocated differs from that timeline's."""
-    repeated = _repeated_blocks(traces[0][0], traces[1][0], fit.target, device)
+    repeated = _repeated_blocks(traces[0], traces[1], fit.target, device)
     if repeated is None:
         return memory
     reserved = max(repeated.peak_reserved + memory.peak_allocated - repeated.peak_allocated, memory.peak_allocated)
@@ -94,14 +131,22 @@ def extrapolate_count(small: int, large: int, small_n: int, large_n: int, target
 
 def _trace(spec: ModelSpec, plan: Plan, device: Device,
            reshape=None) -> tuple[StepTrace, MemoryEstimate, tuple[str, ...]]:
+    """One trace of `spec` as built (its depth as given), its own memory and the build notes."""
+    trace, notes = _traced(spec, plan, device, reshape)
+    return trace, memory_from_trace(trace, device), notes
+
+
+def _traced(spec: ModelSpec, plan: Plan, device: Device, reshape=None,
+            compiled_pricing: bool = False) -> tuple[StepTrace, tuple[str, ...]]:
     built = build_model_with_notes(spec, "meta", attention=plan.attention,
                                    batch_size=plan.batch_size, seq_len=plan.seq_len)
     if reshape is not None:
         reshape(built.model)
     documents = plan.packing == "documents"  # rows of packed documents carry position_ids, no mask
     batch_fn = lambda: example_batch(spec, plan.batch_size, plan.seq_len, "cpu", documents=documents)  # noqa: E731
-    trace = trace_training_step(built.model, batch_fn, plan, device.kind, task=spec.task)
-    return trace, memory_from_trace(trace, device), tuple(built.notes)
+    trace = trace_training_step(built.model, batch_fn, plan, device.kind, task=spec.task,
+                                compiled_pricing=compiled_pricing)
+    return trace, tuple(built.notes)
 
 
 def _repeated_blocks(small: StepTrace, large: StepTrace, blocks: int, device: Device) -> MemoryEstimate | None:

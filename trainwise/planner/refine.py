@@ -138,11 +138,14 @@ def refine(result: SearchResult, space: Space, device: Device, evaluator: Evalua
         if refusal is not None:
             notes.append(f"{refinement.name} not searched: {refusal}")
             continue
-        composed = [_refined(c, refinement, effects[c.plan.grad_ckpt]) for c in screened
-                    if refinement.applies(c.plan) and c.plan.grad_ckpt in effects]
-        # Only a refined plan predicted to beat the best is confirmed (the exact estimates are
-        # what the search time is made of); the effects' own exact plans join the ranking as they are.
-        hopeful = [c for c in composed if rank_key(c, True) < rank_key(ranked[0], True)]
+        pairs = [(c, _refined(c, refinement, effects[c.plan.grad_ckpt])) for c in screened
+                 if refinement.applies(c.plan) and c.plan.grad_ckpt in effects]
+        composed = [refined for _, refined in pairs]
+        # Only a refined plan predicted to beat the best, and by the technique, is confirmed (the
+        # exact estimates are what the search time is made of); the effects' own exact plans join
+        # the ranking as they are.
+        hopeful = [refined for base, refined in pairs
+                   if rank_key(refined, True) < rank_key(ranked[0], True) and _gains(base, refined, result.usable_bytes)]
         confirmed, count = confirm(hopeful, device, evaluator, result.usable_bytes, True, 1)
         evaluations += count
         screened += composed
@@ -177,6 +180,15 @@ def _effects(refinement: Refinement, ranked: list[Candidate], screened: list[Can
         effects[grad_ckpt] = Effect((base.memory_bytes - exact.memory_bytes) / base.plan.batch_size,
                                     exact.step_s / base.step_s)
     return effects, made, None
+
+
+def _gains(base: Candidate, refined: Candidate, usable: int | None) -> bool:
+    """Whether the technique is what the refined plan would win by: it ranks above its plan
+    without the technique, or fits where that one does not. A technique that makes a plan
+    slower and fit no better (the fused loss where the logits were not what kept it out)
+    leaves the plan without it predicted better still: whether that one beats the best is
+    the screen's confirmation's question, not worth an exact estimate of the slower plan."""
+    return rank_key(refined, True) < rank_key(base, True) or (fits(refined, usable) and not fits(base, usable))
 
 
 def _refined(candidate: Candidate, refinement: Refinement, effect: Effect) -> Candidate:

@@ -113,8 +113,12 @@ def _matches(key: tuple, match: dict) -> bool:
 class OpCostRecorder:
     """Adds each op the AllocationRecorder dispatches to an OpCosts. `norm_modules` are the
     qualified names of the model's normalisation modules; `micro_step` is set by the step.
-    With `regions` (the plan's compiled regions) the ops inside them are grouped as inductor
-    fuses them, following storages by `key_of` (trainwise/trace/fusion.py)."""
+
+    `costs` prices every op as eager. With `regions` (compiled regions) the same ops are
+    also priced as the compiled step runs them, in `compiled_costs`: the ops inside the
+    regions grouped as inductor fuses them, following storages by `key_of`
+    (trainwise/trace/fusion.py), the others as eager. Compile changes what the ops cost,
+    not which ops run, so one trace gives both."""
 
     def __init__(self, model: torch.nn.Module, regions: CompiledRegions | None = None, key_of=None):
         self.costs = OpCosts()
@@ -122,7 +126,8 @@ class OpCostRecorder:
         self.norm_modules = {name or type(m).__name__ for name, m in model.named_modules()
                              if "norm" in type(m).__name__.lower()}
         self.regions = regions
-        self.fusion = FusionGrouper(self.costs.compiled, key_of) if regions is not None else None
+        self.compiled_costs = OpCosts() if regions is not None else None
+        self.fusion = FusionGrouper(self.compiled_costs.compiled, key_of) if regions is not None else None
 
     def record(self, func, args, kwargs, out, outputs: list[torch.Tensor], phase: str, module: str) -> None:
         op_class = classify(func)
@@ -139,22 +144,26 @@ class OpCostRecorder:
         recomputed = phase == "backward" and module != "" and torch.is_grad_enabled()
         micro = self.micro_step if phase in ("data", "forward", "backward") else 0
         key = (phase, micro, op_class, _dtype_name(inputs or outputs), recomputed)
-        if self.fusion is not None and self.fusion.op(self.regions.region(phase, module), key, op_class,
-                                                      inputs, [_payload(t) for t in outputs], [1, flops, read, written]):
-            return
-        row = self.costs.rows.get(key)
-        if row is None:
-            self.costs.rows[key] = [1, flops, read, written]
-        else:
-            row[0] += 1
-            row[1] += flops
-            row[2] += read
-            row[3] += written
+        _add_op(self.costs.rows, key, flops, read, written)
+        if self.fusion is not None and not self.fusion.op(self.regions.region(phase, module), key, op_class, inputs,
+                                                          [_payload(t) for t in outputs], [1, flops, read, written]):
+            _add_op(self.compiled_costs.rows, key, flops, read, written)  # run eager in the compiled step too
 
     def saved(self, key: int | None) -> None:
         """Autograd keeps storage `key` for backward (a compiled region writes it out)."""
         if self.fusion is not None:
             self.fusion.saved(key)
+
+
+def _add_op(rows: dict, key: tuple, flops: int, read: int, written: int) -> None:
+    row = rows.get(key)
+    if row is None:
+        rows[key] = [1, flops, read, written]
+    else:
+        row[0] += 1
+        row[1] += flops
+        row[2] += read
+        row[3] += written
 
 
 def _written_in_place(func, args: tuple) -> int:

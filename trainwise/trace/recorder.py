@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -15,6 +16,9 @@ from trainwise.trace.module_scope import ModuleScope
 from trainwise.trace.plain_batch import SCALAR_READS, PlainBatchAnswers
 
 ALLOC, FREE = "alloc", "free"
+# `tensor.device` of a fake tensor, dispatched as an op: it makes no storage and answers no
+# question about values (plain_batch.py), so it only counts as the metadata op it is.
+DEVICE_QUERY = torch.ops.prim.device.default
 
 
 @dataclass
@@ -63,6 +67,11 @@ class AllocationRecorder(TorchDispatchMode):
 
     # -------------------------------------------------------------- dispatch
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is DEVICE_QUERY:  # most ops of a step (autograd's engine asks for every gradient)
+            out = _fake_device(args[0]) or func(*args, **(kwargs or {}))
+            if self.costs is not None and self.phase != "setup":
+                self.costs.record(func, args, kwargs, out, [], self.phase, self.scope.current)
+            return out
         if func in SCALAR_READS:
             return self.answers.read(args[0])
         out = self.answers.run(func, args, kwargs or {})
@@ -185,3 +194,11 @@ _OWNED_BY_INPUTS = ("setup", "forward", "backward", "optimizer", "zero_grad")
 
 def _identity(x):
     return x
+
+
+def _fake_device(tensor) -> torch.device | None:
+    """The device a fake tensor says it is on, as the fake mode answers `tensor.device`
+    (its handler for prim.device) without a trip through the mode; None for other tensors."""
+    if isinstance(tensor, FakeTensor) and not tensor.fake_mode.in_kernel_invocation:
+        return tensor.fake_device
+    return None

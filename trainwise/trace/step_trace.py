@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -53,17 +54,24 @@ class StepTrace:
     target_device_type: str
     event_blocks: list[int] = field(default_factory=list)
     blocks: list[tuple[str, int]] = field(default_factory=list)
-    # Every op's work after setup, summed by kind (trainwise/trace/op_costs.py).
+    # Every op's work after setup, summed by kind (trainwise/trace/op_costs.py), as the
+    # traced plan runs it (compiled regions priced as fused kernels under --compile).
     op_costs: OpCosts = field(default_factory=OpCosts)
+    # The same ops priced with --compile off (False) and on (True, per the plan's
+    # compile_scope), those the trace recorded: compile changes what the ops cost, not
+    # which ops run or what they allocate, so a plan and its compile twin share one trace.
+    op_costs_by_compile: dict[bool, OpCosts] = field(default_factory=dict)
 
 
 def trace_training_step(model: nn.Module, batch_fn, plan: Plan, target_device_type: str,
-                        task: str | None = None) -> StepTrace:
+                        task: str | None = None, *, compiled_pricing: bool = False) -> StepTrace:
     """Run one optimizer step of `plan` on a meta-device `model` under FakeTensorMode.
 
     `batch_fn()` builds one micro-batch (called inside the fake mode, so its tensors are
     fake). `target_device_type` ('cpu' or 'cuda') selects the autocast policy and optimizer
-    kernels the real step would use; the trace itself always runs on fake CPU tensors."""
+    kernels the real step would use; the trace itself always runs on fake CPU tensors.
+    `compiled_pricing`: price the ops as compiled too when the plan does not compile
+    (`op_costs_by_compile`, see `priced_as`)."""
     from trainwise.step.recipe import prepare_model
 
     policy = precision_policy(plan.precision, target_device_type)
@@ -73,7 +81,7 @@ def trace_training_step(model: nn.Module, batch_fn, plan: Plan, target_device_ty
     scope = ModuleScope(model)
     blocks = BlockTracker(model)
     recorder = AllocationRecorder(scope, blocks)
-    regions = CompiledRegions(plan.compile_scope, blocks) if plan.compile else None
+    regions = CompiledRegions(plan.compile_scope, blocks) if plan.compile or compiled_pricing else None
     recorder.costs = OpCostRecorder(model, regions, recorder.key_of)
     low_precision = policy.param_dtype != torch.float32 or policy.autocast_dtype is not None
     recorder.output_fixes.update(layer_norm_fixes(target_device_type, low_precision))
@@ -97,8 +105,19 @@ def trace_training_step(model: nn.Module, batch_fn, plan: Plan, target_device_ty
         phase_starts = _run_step(model, optimizer, batch_fn, plan, policy, recorder, micro_steps,
                                  target_device_type)
         _categorise(model, optimizer, recorder)
+    pricings = {False: recorder.costs.costs}
+    if regions is not None:
+        pricings[True] = recorder.costs.compiled_costs
     return StepTrace(recorder.events, recorder.records, window_start, phase_starts, params, trainable,
-                     micro_steps, target_device_type, recorder.event_blocks, blocks.blocks, recorder.costs.costs)
+                     micro_steps, target_device_type, recorder.event_blocks, blocks.blocks, pricings[plan.compile],
+                     pricings)
+
+
+def priced_as(trace: StepTrace, compiled: bool) -> StepTrace:
+    """`trace` with its ops priced as the step runs them with --compile on or off (KeyError
+    when the trace did not record that pricing: trace_training_step's `compiled_pricing`)."""
+    costs = trace.op_costs_by_compile[compiled]
+    return trace if costs is trace.op_costs else dataclasses.replace(trace, op_costs=costs)
 
 
 def offloaded_activations(model: nn.Module, recorder: AllocationRecorder, target_device_type: str) -> None:
