@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from distributed_launch import REPO, launch
+from distributed_launch import CASES_WORKER, REPO, launch
 from trainwise.api.training import train
 from trainwise.cli.main import main
 from trainwise.engine.run_config import RunConfig
@@ -19,7 +19,6 @@ from trainwise.plan.plan import Plan
 
 STEPS = 5
 BASE = {"batch_size": 2, "seq_len": 32, "lr": 1e-3}
-WORKER = "tests/workers/parallel_engine_worker.py"
 
 FOUR_BLOCKS = {"num_hidden_layers": 4}
 NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
@@ -108,8 +107,8 @@ RANKS_DIFFER = {**_cases({"mismatch": ("tiny-llama", {})})[0], "rank_knobs": {"1
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("parallel")
-    two = launch(WORKER, 2, tmp, [json.dumps([*_cases(TWO_RANKS), RANKS_DIFFER])], timeout_s=400)
-    four = launch(WORKER, 4, tmp, [json.dumps(_cases(FOUR_RANKS))], timeout_s=400)
+    two = launch(CASES_WORKER, 2, tmp, [json.dumps([*_cases(TWO_RANKS), RANKS_DIFFER])], timeout_s=400)
+    four = launch(CASES_WORKER, 4, tmp, [json.dumps(_cases(FOUR_RANKS))], timeout_s=400)
     for done in (two, four):
         assert done.returncode == 0, done.stderr[-3000:]
     return {2: two.rank_outputs, 4: four.rank_outputs}
@@ -180,7 +179,7 @@ def test_plans_that_differ_across_ranks_are_refused(runs):
 @pytest.mark.distributed
 def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
     case = {**_cases({"fails": ("tiny-llama", {})})[0], "fail_on_rank": "1"}
-    done = launch(WORKER, 2, tmp_path, [json.dumps([case])], timeout_s=200)  # a hang would time out here
+    done = launch(CASES_WORKER, 2, tmp_path, [json.dumps([case])], timeout_s=200)  # a hang would time out here
     assert done.returncode != 0 and "rank 1 fails on purpose" in done.stderr
 
 
