@@ -19,6 +19,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RESULT_DIR_VARIABLE = "TRAINWISE_TEST_RESULT_DIR"
+# Trains each case of a JSON list with trainwise.api.train on every rank and writes each
+# case's loss curve (or its error), state bytes and measured peak: one launch, many cases.
+CASES_WORKER = "tests/workers/parallel_engine_worker.py"
 
 
 @dataclass

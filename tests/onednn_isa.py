@@ -9,7 +9,8 @@ and the thread count, not the op's shapes alone, so the trace cannot show it
 PyTorch runs its own bf16 kernels, and what remains is what the trace models.
 
 oneDNN reads its cap (`ONEDNN_MAX_CPU_ISA`) once per process, before its first kernel, so
-the step runs in a child process. The cap names x86 instruction sets only."""
+the steps run in a child process, all of them in one (each step is measured on its own, as
+the tests measure one step after another in theirs). The cap names x86 instruction sets only."""
 
 from __future__ import annotations
 
@@ -27,17 +28,18 @@ WITHOUT_BF16_KERNELS = "AVX2"  # the highest x86 cap under which oneDNN has no b
 CAN_CAP = platform.machine().lower() in ("x86_64", "amd64")
 
 
-def measure_step_capped(model: str, task: str | None, plan: dict, isa: str) -> tuple[MeasuredStep, bool]:
-    """`measure_step` of `model` (resolved for `task`) under `plan` (Plan.to_dict()) in a
-    process with oneDNN capped at `isa`; also whether oneDNN still had bf16 kernels there."""
+def measure_steps_capped(steps: list[tuple[str, str | None, dict]], isa: str) -> tuple[list[MeasuredStep], bool]:
+    """`measure_step` of each (model, task it is resolved for, plan as Plan.to_dict()) of
+    `steps`, in order, in one process with oneDNN capped at `isa`; also whether oneDNN still
+    had bf16 kernels there."""
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": isa,
            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
-    request = json.dumps({"model": model, "task": task, "plan": plan})
+    request = json.dumps([{"model": model, "task": task, "plan": plan} for model, task, plan in steps])
     done = subprocess.run([sys.executable, __file__, request], env=env, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"the capped measurement failed:\n{done.stderr[-3000:]}")
     answer = json.loads(done.stdout.strip().splitlines()[-1])
-    return MeasuredStep(**answer["measured"]), answer["onednn_bf16"]
+    return [MeasuredStep(**measured) for measured in answer["measured"]], answer["onednn_bf16"]
 
 
 def _child(request: str) -> None:
@@ -47,9 +49,9 @@ def _child(request: str) -> None:
     from trainwise.models import resolve_model
     from trainwise.plan.plan import Plan
 
-    values = json.loads(request)
-    measured = measure_step(resolve_model(values["model"], task=values["task"]), Plan.from_dict(values["plan"]))
-    print(json.dumps({"measured": measured.as_dict(), "onednn_bf16": torch.ops.mkldnn._is_mkldnn_bf16_supported()}))
+    measured = [measure_step(resolve_model(step["model"], task=step["task"]), Plan.from_dict(step["plan"])).as_dict()
+                for step in json.loads(request)]
+    print(json.dumps({"measured": measured, "onednn_bf16": torch.ops.mkldnn._is_mkldnn_bf16_supported()}))
 
 
 if __name__ == "__main__":

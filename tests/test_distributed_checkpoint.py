@@ -1,17 +1,22 @@
 """Distributed checkpoints reshard: saved by 4 ranks under ZeRO-3, resumed by 2 ranks
 under DDP and by 4 under tensor x data parallel, each continuing the loss curve of an
 uninterrupted run; exported whole without a process group. GPT-2's fused q/k/v weight
-reshards from tensor parallel to ZeRO-3."""
+reshards from tensor parallel to ZeRO-3.
+
+The commands run in this process through `trainwise.cli.main.main`, as a shell would run
+them less the start-up of a Python that imports torch (seconds each on a 2-core machine):
+`train --nproc N` still starts torchrun and N fresh worker processes, and this process has
+no process group of its own for `export` to find."""
 
 import json
 import subprocess
-import sys
 
 import pytest
 import torch
 
 from distributed_launch import REPO
 from trainwise.api.training import train
+from trainwise.cli.main import main
 from trainwise.engine.run_config import RunConfig
 from trainwise.plan.plan import Plan
 
@@ -20,10 +25,13 @@ COMMON = ["tiny-llama", "--device", "cpu", "--data", "synthetic", "--batch-size"
 
 
 def _train(args: list[str], metrics, common: list[str] = COMMON) -> list[float]:
-    done = subprocess.run([sys.executable, "-m", "trainwise", "train", *common, *args, "--metrics", str(metrics)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert main(["train", *common, *args, "--metrics", str(metrics)]) == 0  # the job's stderr: pytest's report
     return [line["loss"] for line in map(json.loads, metrics.read_text().splitlines()) if "loss" in line]
+
+
+def _export(checkpoint, out) -> None:
+    assert not torch.distributed.is_initialized(), "export is checked without a process group"
+    assert main(["export", str(checkpoint), "--out", str(out)]) == 0
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +69,7 @@ def test_resume_under_another_layout(saved, tmp_path, layout):
 def test_export_without_a_process_group(saved, tmp_path):
     tmp, _, _ = saved
     checkpoint = tmp / "run" / "checkpoints" / "step-00000002"
-    done = subprocess.run([sys.executable, "-m", "trainwise", "export", str(checkpoint), "--out", str(tmp_path / "hf")],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
+    _export(checkpoint, tmp_path / "hf")
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     from transformers import AutoModelForCausalLM
 
@@ -81,10 +87,10 @@ def test_export_without_a_process_group(saved, tmp_path):
         assert (again / "model.safetensors").read_bytes() == (tmp_path / "hf" / "model.safetensors").read_bytes()
 
 
-def test_export_refuses_what_is_not_a_checkpoint(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "trainwise", "export", str(tmp_path), "--out", str(tmp_path / "x")],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "CHECKPOINT" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+def test_export_refuses_what_is_not_a_checkpoint(tmp_path, capsys):
+    code = main(["export", str(tmp_path), "--out", str(tmp_path / "x")])
+    stderr = capsys.readouterr().err
+    assert code == 2 and "CHECKPOINT" in stderr and len(stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.distributed
@@ -111,9 +117,7 @@ def test_gpt2_reshards_between_tensor_pipeline_and_sharded_layouts(tmp_path):
           on_step=lambda entry: reference.append(entry.outcome.loss))
     assert first == pytest.approx(reference[:2], rel=2e-5)
 
-    done = subprocess.run([sys.executable, "-m", "trainwise", "export", str(run), "--out", str(tmp_path / "hf")],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
+    _export(run, tmp_path / "hf")
     from transformers import AutoModelForCausalLM
 
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").state_dict()

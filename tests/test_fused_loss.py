@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from distributed_launch import CASES_WORKER, launch
 from memory_reference import measure_step
 from trainwise.api import estimate
 from trainwise.api.training import train
@@ -129,14 +130,16 @@ def test_what_it_cannot_run_is_refused(args, says, capsys, fault_log):
 @pytest.mark.distributed
 def test_zero3_on_two_processes_follows_the_default_loss_curve(tmp_path):
     """FSDP2 (ZeRO-3, gloo): the head weight is gathered by the root module's hooks and its
-    gradient, computed in the fused forward, is reduce-scattered like any other."""
+    gradient, computed in the fused forward, is reduce-scattered like any other. Both curves
+    come from one torchrun launch: each is its own train() call on both ranks."""
+    cases = [{"name": loss, "model": "tiny-llama", "steps": 4,
+              "knobs": {"batch_size": 2, "seq_len": 32, "zero": 3, "loss": loss}} for loss in ("default", "fused")]
+    done = launch(CASES_WORKER, 2, tmp_path, [json.dumps(cases)])
+    assert done.returncode == 0, done.stderr[-3000:]
     curves = {}
     for loss in ("default", "fused"):
-        metrics = tmp_path / f"{loss}.jsonl"
-        code = main(["train", "tiny-llama", "--device", "cpu", "--nproc", "2", "--zero", "3", "--loss", loss,
-                     "--steps", "4", "--batch-size", "2", "--seq-len", "32", "--data", "synthetic",
-                     "--metrics", str(metrics)])
-        assert code == 0
-        curves[loss] = [json.loads(line)["loss"] for line in metrics.read_text().splitlines() if '"step"' in line]
+        trained = done.rank_outputs[0][loss]
+        assert "error" not in trained, trained.get("traceback")
+        curves[loss] = trained["losses"]
     assert len(curves["fused"]) == 4
     assert curves["fused"] == pytest.approx(curves["default"], rel=CURVE_TOLERANCE)

@@ -10,15 +10,15 @@ import sys
 
 import pytest
 
-from distributed_launch import REPO, launch
+from distributed_launch import CASES_WORKER, REPO, launch
 from trainwise.api.training import train
+from trainwise.cli.main import main
 from trainwise.engine.run_config import RunConfig
 from trainwise.common.errors import InputError
 from trainwise.plan.plan import Plan
 
 STEPS = 5
 BASE = {"batch_size": 2, "seq_len": 32, "lr": 1e-3}
-WORKER = "tests/workers/parallel_engine_worker.py"
 
 FOUR_BLOCKS = {"num_hidden_layers": 4}
 NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
@@ -99,20 +99,31 @@ def _single_process(case: dict, world: int) -> list[float]:
     return losses
 
 
+# Rank 1 started with another learning rate than rank 0: both must refuse it. Run last in
+# the two-rank launch (each case is its own train() call), so no layout follows a refusal.
+RANKS_DIFFER = {**_cases({"mismatch": ("tiny-llama", {})})[0], "rank_knobs": {"1": {"lr": 5e-4}}}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("parallel")
-    two = launch(WORKER, 2, tmp, [json.dumps(_cases(TWO_RANKS))], timeout_s=400)
-    four = launch(WORKER, 4, tmp, [json.dumps(_cases(FOUR_RANKS))], timeout_s=400)
+    two = launch(CASES_WORKER, 2, tmp, [json.dumps([*_cases(TWO_RANKS), RANKS_DIFFER])], timeout_s=400)
+    four = launch(CASES_WORKER, 4, tmp, [json.dumps(_cases(FOUR_RANKS))], timeout_s=400)
     for done in (two, four):
         assert done.returncode == 0, done.stderr[-3000:]
     return {2: two.rank_outputs, 4: four.rank_outputs}
 
 
+@pytest.fixture(scope="module")
+def references():
+    """One-process loss curves by what decides them, for both worlds: a 4-rank layout with a
+    2-rank layout's samples per step (TP 2 x DP 2 and DDP x 2) is compared with the same curve."""
+    return {}
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize("world, layouts", [(2, TWO_RANKS), (4, FOUR_RANKS)])
-def test_layouts_match_one_process(runs, world, layouts):
-    references = {}
+def test_layouts_match_one_process(runs, references, world, layouts):
     for case in _cases(layouts):
         knobs = case["knobs"]
         key = (case["model"], json.dumps(case["config"], sort_keys=True), world // (knobs.get("tp", 1) * knobs.get("pp", 1)),
@@ -159,38 +170,35 @@ def test_per_rank_estimate_matches_rank_0_model_states(runs, world, layouts):
 
 
 @pytest.mark.distributed
-def test_plans_that_differ_across_ranks_are_refused(tmp_path):
-    case = {**_cases({"mismatch": ("tiny-llama", {})})[0], "rank_knobs": {"1": {"lr": 5e-4}}}
-    done = launch(WORKER, 2, tmp_path, [json.dumps([case])], timeout_s=200)
+def test_plans_that_differ_across_ranks_are_refused(runs):
     for rank in (0, 1):
-        error = done.rank_outputs[rank]["mismatch"]["error"]
+        error = runs[2][rank][RANKS_DIFFER["name"]]["error"]
         assert "rank 1 was started with other settings than rank 0" in error and "plan.lr" in error
 
 
 @pytest.mark.distributed
 def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
     case = {**_cases({"fails": ("tiny-llama", {})})[0], "fail_on_rank": "1"}
-    done = launch(WORKER, 2, tmp_path, [json.dumps([case])], timeout_s=200)  # a hang would time out here
+    done = launch(CASES_WORKER, 2, tmp_path, [json.dumps([case])], timeout_s=200)  # a hang would time out here
     assert done.returncode != 0 and "rank 1 fails on purpose" in done.stderr
 
 
 @pytest.mark.distributed
 def test_cli_launches_processes_with_nproc(tmp_path):
+    """The command as a shell runs it, less the start-up of a Python for the launcher: it
+    still starts torchrun and two fresh workers (its stderr goes to pytest's report)."""
     metrics = tmp_path / "metrics.jsonl"
-    done = subprocess.run([sys.executable, "-m", "trainwise", "train", "tiny-llama", "--nproc", "2", "--zero", "2",
-                           "--device", "cpu", "--steps", "3", "--data", "synthetic", "--batch-size", "2",
-                           "--seq-len", "32", "--metrics", str(metrics)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert main(["train", "tiny-llama", "--nproc", "2", "--zero", "2", "--device", "cpu", "--steps", "3",
+                 "--data", "synthetic", "--batch-size", "2", "--seq-len", "32", "--metrics", str(metrics)]) == 0
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [line["step"] for line in lines[:-1]] == [1, 2, 3] and "summary" in lines[-1]
 
 
-def test_cli_bad_layout_is_one_line_exit_2():
-    done = subprocess.run([sys.executable, "-m", "trainwise", "train", "tiny-llama", "--nproc", "3", "--tp", "2",
-                           "--device", "cpu"], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stderr.strip().startswith("trainwise: error: --nproc")
-    assert len(done.stderr.strip().splitlines()) == 1
+def test_cli_bad_layout_is_one_line_exit_2(capsys):
+    code = main(["train", "tiny-llama", "--nproc", "3", "--tp", "2", "--device", "cpu"])
+    stderr = capsys.readouterr().err
+    assert code == 2 and stderr.strip().startswith("trainwise: error: --nproc")
+    assert len(stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("classic", ["data-parallel", "vertical"])
