@@ -17,6 +17,8 @@ that activations, not the embedding tables, make the peak."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from transformers import AutoConfig
 
@@ -54,13 +56,20 @@ def model_dirs(tmp_path_factory):
     return root
 
 
+@functools.lru_cache(maxsize=None)
+def _full_trace(model_dir: str, plan: Plan):
+    """`predict._trace` of the whole 12-layer stack under `plan` (on plan.device): Gemma 3's
+    memory and step-time tests compare with the same full trace, traced once."""
+    return predict._trace(resolve_model(model_dir), plan, resolve_device(plan.device))
+
+
 def _relative_errors(family: str, model_dirs, device: str, knobs: dict,
                      keys=CATEGORIES) -> dict[str, float]:
     spec = resolve_model(str(model_dirs / family))
     plan = Plan.from_dict({"batch_size": BATCH, "seq_len": SEQ, "device": device, **knobs})
     result = estimate(spec, plan)
     assert result.total_blocks == LAYERS and result.extrapolation == "per-kind"  # really extrapolated
-    full_trace, full, _ = predict._trace(spec, plan, resolve_device(device))
+    full_trace, full, _ = _full_trace(str(model_dirs / family), plan)
     errors = {key: (getattr(result.memory, key) - getattr(full, key)) / getattr(full, key)
               for key in keys if getattr(full, key)}
     errors["params"] = (result.params - full_trace.params) / full_trace.params
@@ -129,7 +138,7 @@ def test_extrapolated_step_time_equals_a_full_trace_per_category(model_dirs):
     plan = Plan.from_dict({"batch_size": BATCH, "seq_len": SEQ, "device": "cpu"})
     result = estimate(spec, plan, profile=profile)
     assert result.extrapolation == "per-kind" and len(result.traced_blocks) == 3
-    full_trace, _, _ = predict._trace(spec, plan, resolve_device("cpu"))
+    full_trace, _, _ = _full_trace(str(model_dirs / "gemma3_text"), plan)
     full = predict_step_time([full_trace], None, plan, resolve_device("cpu"), profile, spec.name)
     assert result.time.step_s == pytest.approx(full.step_s, rel=0.01)
     for category, seconds in full.breakdown.items():
