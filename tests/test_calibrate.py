@@ -10,6 +10,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from trainwise.cli.main import main
 from trainwise.hardware.device import cpu_device
@@ -30,7 +31,16 @@ def cached_profile():
     """One quick calibration of the CPU into the (test-private) per-user cache."""
     path = default_profile_path(cpu_device())
     path.unlink(missing_ok=True)
-    assert main(["calibrate", "--quick"]) == 0
+    # On one thread calibrate times the CPU by the process's own CPU seconds, which a busy
+    # machine does not inflate; on several it reads the wall clock, where one preempted
+    # sample of a large matmul (a single call of a few ms in quick mode) made it look slower
+    # per FLOP than a tiny one. The rates asserted below hold on any thread count.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main(["calibrate", "--quick"]) == 0
+    finally:
+        torch.set_num_threads(threads)
     return path
 
 
