@@ -4,11 +4,12 @@ checks it against real ranks): shares of the model states, pipeline stages, buff
 import copy
 import dataclasses
 import json
+import subprocess
+import sys
 
 import pytest
 
 from trainwise.api.estimate import estimate
-from trainwise.cli.main import main
 from trainwise.models import resolve_model
 from trainwise.plan.plan import Plan
 
@@ -78,15 +79,23 @@ def test_layouts_the_estimate_cannot_model_are_refused_with_the_flag():
         _estimate(tp=2, lora_rank=4)
 
 
-def test_cli_shows_rank_0_and_the_layout(capsys, monkeypatch):
-    # The command's main() in this process: what it prints is the test, not a Python start-up.
-    assert main(["estimate", "tiny-llama", "--nproc", "4", "--tp", "2", "--zero", "3", "--json"]) == 0
-    layout = json.loads(capsys.readouterr().out)["layout"]
+@pytest.mark.slow
+def test_cli_shows_rank_0_and_the_layout():
+    done = subprocess.run([sys.executable, "-m", "trainwise", "estimate", "tiny-llama", "--nproc", "4", "--tp", "2",
+                           "--zero", "3", "--json"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    layout = json.loads(done.stdout)["layout"]
     assert (layout["world"], layout["fsdp"], layout["tp"], layout["zero"]) == (4, 2, 2, 3)
-    monkeypatch.setenv("COLUMNS", "160")  # the table's width: rich reads it for each new console
-    assert main(["estimate", "tiny-llama", "--pp", "2"]) == 0
-    table = capsys.readouterr().out
-    assert "rank 0" in table and "pipeline" in table and "communication" in table
+    table = subprocess.run([sys.executable, "-m", "trainwise", "estimate", "tiny-llama", "--pp", "2"],
+                           capture_output=True, text=True, timeout=120, env={"COLUMNS": "160", **_env()})
+    assert table.returncode == 0, table.stderr
+    assert "rank 0" in table.stdout and "pipeline" in table.stdout and "communication" in table.stdout
+
+
+def _env():
+    import os
+
+    return dict(os.environ)
 
 
 def test_sequence_parallel_divides_the_norms_activations_only():
