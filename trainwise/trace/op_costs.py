@@ -247,11 +247,18 @@ def kernel_flops(func, args, kwargs: dict, out) -> int:
 
 
 def _cpu_attention_backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
-    return sdpa_backward_flop_count(grad_out, query, key, value)
+    return sdpa_backward_flop_count(grad_out, query, _as_query_heads(key, query), _as_query_heads(value, query))
 
 
 def _cpu_attention_forward(query, key, value, *args, out_shape=None, **kwargs) -> int:
-    return sdpa_flop_count(query, key, value)
+    return sdpa_flop_count(query, _as_query_heads(key, query), _as_query_heads(value, query))
+
+
+def _as_query_heads(shape, query_shape) -> tuple:
+    """A key or value shape (batch, heads, seq, dim) with the query's head count: grouped-query
+    attention broadcasts K/V heads to the query's, so the kernel's work is that of equal heads.
+    PyTorch's formula accepts grouped heads only from 2.13 on (2.11 raises on them)."""
+    return (shape[0], query_shape[1], *shape[2:])
 
 
 @functools.cache
