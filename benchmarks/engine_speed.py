@@ -122,6 +122,7 @@ def summary(runs: dict[str, list[dict]], plans: dict[str, Plan]) -> dict:
         sides[side] = {"tokens_per_s": statistics.median(r["samples_per_s"] for r in ok) * plans[side].seq_len,
                        "mfu": statistics.median(r["mfu"] for r in ok) if all(r.get("mfu") for r in ok) else None,
                        "peak_allocated_bytes": statistics.median(r["measured"]["peak_allocated"] for r in ok),
+                       "runs": [r["samples_per_s"] * plans[side].seq_len for r in ok],  # tokens/s of each run
                        "plan": plans[side].changed_knobs()}
     mine, theirs = sides["trainwise"], sides["trainer"]
     return {"sides": sides, "tokens_per_s_ratio": round(mine["tokens_per_s"] / theirs["tokens_per_s"], 3),

@@ -20,7 +20,9 @@
 # DIR/memory-rows.json as docs/results/rows/memory-<gpu>-<n>.json and run
 # `python benchmarks/render_memory.py docs/results/rows/memory-<gpu>-*.json --out docs/results/memory-<gpu>.md`
 # (launches merge, the newest row of a configuration wins); DIR/offload/results.md and
-# the vs-trainer rows files carry their provenance the same way.
+# the vs-trainer rows files carry their provenance the same way; the engine-speed rows file is
+# committed as docs/results/rows/engine-speed-<gpu>-<n>.json and rendered by
+# `python benchmarks/render_engine_speed.py docs/results/rows/engine-speed-<gpu>-*.json --out docs/results/engine-speed-<gpu>.md`.
 set -u
 out=${1:?usage: gpu_validation.sh DIR STAGE...}
 shift

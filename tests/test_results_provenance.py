@@ -166,3 +166,32 @@ def test_bench_page_prints_no_ratio_when_either_engine_moved_more_than_ten_perce
     assert bench_page._ratio([4.0], [2.0]) == "not shown: one sample: no spread to judge it by"
     assert bench_page._ratio([4.0, 4.1], [2.0, 2.05], busy="machine busy: load 3.1 on 2 CPUs") == (
         "not shown: machine busy: load 3.1 on 2 CPUs")
+
+
+def test_engine_speed_page_is_what_its_rows_render_to(tmp_path):
+    import render_engine_speed
+
+    page = REPO / "docs" / "results" / "engine-speed-H200.md"
+    command = provenance.parse(page.read_text())["command"].strip("`").split()
+    rows = [REPO / arg for arg in command[2:command.index("--out")]]
+    out = tmp_path / "page.md"
+    assert render_engine_speed.main([*map(str, rows), "--out", str(out)]) == 0
+    rendered, committed = out.read_text(), page.read_text()
+    strip = lambda text: re.sub(r"^- command: .*$", "", text, flags=re.M)  # noqa: E731 - names the output path
+    assert strip(rendered) == strip(committed)
+
+
+def test_render_engine_speed_shows_no_ratio_for_a_launch_cut_before_its_timed_runs(tmp_path):
+    import render_engine_speed
+
+    prov = {"command": "python benchmarks/engine_speed.py m", "commit": "c" * 40, "device": "GPU Test (80.00 GiB) x 1",
+            "versions": "python 3, torch 2, transformers 5, trainwise 0.1.0", "date": "2026-01-01 00:00 UTC"}
+    cut = {"model": "m", "given": {"seq_len": 64}, "provenance": prov,
+           "trainwise_fit": {"batch_size": 4, "tried": [[4, "ok", ""], [8, "oom", "out of memory"]]}}
+    rows = tmp_path / "rows.json"
+    rows.write_text(json.dumps({"launches": [cut]}))
+    out = tmp_path / "page.md"
+    assert render_engine_speed.main([str(rows), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| m | not measured (the launch ended before its timed runs) | - |" in text
+    assert "- m, trainwise: tried 4: ok, 8: oom; largest that ran: 4\n" in text
