@@ -180,3 +180,16 @@ def test_torchrun_workers_train_the_parents_choice_instead_of_searching_again():
     pinned = pinned_argv(["train", "m", "--plan", "my.yaml", "--batch-size=auto"], chosen, batch_only)
     assert pinned[:4] == ["train", "m", "--plan", "my.yaml"] and "--grad-ckpt" not in pinned
     assert pinned[pinned.index("--batch-size") + 1] == "2"
+
+
+def test_train_plan_auto_without_a_global_batch_trains_eight_samples_per_step_per_gpu(capsys, tmp_path):
+    # Left open, the search would take the largest micro-batch that fits (1,024 rows of tiny-llama
+    # at 32 tokens on a CPU): seconds per step and more rows than a small dataset has.
+    code = main(["train", "tiny-llama", "--plan", "auto", "--device", "cpu", "--seq-len", "32", "--steps", "1",
+                 "--output", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 0 and "no --global-batch given: 8 samples per step (8 per GPU, the default" in err
+    trains = next(line for line in err.splitlines() if line.startswith("--plan auto trains:")).split()
+    batch = int(trains[trains.index("--batch-size") + 1]) if "--batch-size" in trains else 1
+    accum = int(trains[trains.index("--grad-accum") + 1]) if "--grad-accum" in trains else 1
+    assert batch * accum == 8

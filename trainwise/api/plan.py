@@ -37,6 +37,19 @@ from trainwise.plan.plan import Plan
 # Knobs that change the memory a plan needs: held fixed, they can make every plan miss.
 MEMORY_KNOBS = ("batch_size", "seq_len", "precision", "optim", "grad_ckpt", "attention", "lora_rank", "dp",
                 "fsdp", "zero", "cpu_offload", "tp", "pp", "microbatches")
+# `train --plan auto` without --global-batch: samples per optimizer step per GPU. Left open,
+# the search picks the largest micro-batch that fits (the most tokens/s), which on a small
+# model is hundreds of samples per step: minutes before the first step is seen and more rows
+# than a small dataset has. 8 per GPU is the Trainer's default per-device batch, the size its
+# users' learning rates are tuned for; more is --global-batch N.
+AUTO_SAMPLES_PER_GPU = 8
+
+
+def auto_global_batch(gpus: int) -> int:
+    """The global batch `train --plan auto` trains when none is given (samples per step)."""
+    return AUTO_SAMPLES_PER_GPU * gpus
+
+
 ALTERNATIVE_KNOBS = ("grad_ckpt", "attention", "optim", "precision", "lora_rank", "layout")
 
 

@@ -64,13 +64,18 @@ def resolve_auto(request: AutoRequest, plan: Plan, model: str, device_name: str,
 
 
 def _searched(request: AutoRequest, plan: Plan, model: str, device_name: str, task, trust_remote_code) -> Plan:
-    from trainwise.api.plan import plan_search
+    from trainwise.api.plan import AUTO_SAMPLES_PER_GPU, auto_global_batch, plan_search
     from trainwise.cli.progress_bar import progress_bar
     from trainwise.planner.emit import train_flags
 
+    global_batch = request.global_batch
+    if global_batch is None and not {"batch_size", "grad_accum"} <= request.fixed:
+        global_batch = auto_global_batch(plan.nproc)
+        print(f"--plan auto: no --global-batch given: {global_batch} samples per step ({AUTO_SAMPLES_PER_GPU} per "
+              f"GPU, the default; --global-batch N to choose)", file=sys.stderr)
     with progress_bar() as progress:
         report = plan_search(model, plan.replace(device=device_name), request.fixed | {"device"},
-                             top=max(1, request.verify), global_batch=request.global_batch, margin=request.margin,
+                             top=max(1, request.verify), global_batch=global_batch, margin=request.margin,
                              gpus=plan.nproc, task=task, trust_remote_code=trust_remote_code, progress=progress)
     best = report.result.ranked[0]
     if request.verify:
