@@ -255,3 +255,45 @@ def test_an_allowed_float8_search_without_torchao_says_so(monkeypatch):
     assert "float8" not in [r.name for r in refine.refinements_for(allowed, H100)]
     assert refine.not_allowed(allowed, H100) == [
         "float8 not searched: its estimate traces torchao, which is not installed here (pip install torchao)"]
+
+
+def _why_not_setup(exact_step_s: float):
+    from trainwise.hardware import resolve_device
+    from trainwise.planner.compose import Measure
+    from trainwise.planner.search import SearchResult, candidate_of
+
+    device = resolve_device("H100")
+    winner_plan = Plan(device="H100", batch_size=4, seq_len=128, optim="adamw-fused")
+    other_plan = winner_plan.replace(optim="adamw")
+    winner = candidate_of(winner_plan, Measure(memory_bytes=10 * 2**30, step_s=1.0), device, exact=True)
+    # The screen composed the alternative as 10 % faster than the winner.
+    screened = candidate_of(other_plan, Measure(memory_bytes=10 * 2**30, step_s=1 / 1.1), device, exact=False)
+    result = SearchResult(ranked=[winner], screened=[winner, screened], usable_bytes=70 * 2**30, timed=True,
+                          evaluations=2)
+    evaluated = []
+
+    def evaluator(plan):
+        evaluated.append(plan)
+        return Measure(memory_bytes=10 * 2**30, step_s=exact_step_s)
+    return result, device, evaluator, evaluated
+
+
+def test_a_why_not_line_never_says_a_faster_plan_lost():
+    from trainwise.planner.why_lost import confirmed_alternatives
+
+    result, device, evaluator, evaluated = _why_not_setup(exact_step_s=1.05)  # exact: 5 % slower
+    lines = confirmed_alternatives(result, list(result.screened), ("optim",), device, evaluator)
+    assert [p.optim for p in evaluated] == ["adamw"]
+    assert result.ranked[0].plan.optim == "adamw-fused"
+    (_, other, line), = lines
+    assert other.exact and line.startswith("optimizer adamw: -4.8 % tokens/s") and line.endswith(", predicted")
+
+
+def test_an_alternative_faster_once_estimated_exactly_becomes_the_pick():
+    from trainwise.planner.why_lost import confirmed_alternatives
+
+    result, device, evaluator, _ = _why_not_setup(exact_step_s=0.8)
+    lines = confirmed_alternatives(result, list(result.screened), ("optim",), device, evaluator)
+    assert result.ranked[0].plan.optim == "adamw" and result.ranked[0].exact
+    (_, other, line), = lines
+    assert other.plan.optim == "adamw-fused" and line.startswith("optimizer adamw-fused: -20.0 % tokens/s")

@@ -30,7 +30,7 @@ from trainwise.planner.compose import Measure
 from trainwise.planner.refine import refine
 from trainwise.planner.search import DEFAULT_MARGIN, Evaluator, SearchResult, search, smallest
 from trainwise.planner.space import ALLOWABLE, Space, build_space
-from trainwise.planner.why_lost import alternatives
+from trainwise.planner.why_lost import confirmed_alternatives
 from trainwise.planner.why_lost_layout import layout_alternatives
 from trainwise.plan.plan import Plan
 
@@ -161,8 +161,8 @@ def plan_search(model: str | ModelSpec, base: Plan, fixed: set[str] | frozenset[
     # An alternative that was confirmed is judged by its exact estimate, like the winner.
     confirmed = {c.plan: c for c in result.ranked}
     judged = [confirmed.get(c.plan, c) for c in result.screened]
-    lines = alternatives(result.ranked[0], judged, result.usable_bytes, result.timed,
-                         ALTERNATIVE_KNOBS if gpus == 1 else ("grad_ckpt",))
+    lines = confirmed_alternatives(result, judged, ALTERNATIVE_KNOBS if gpus == 1 else ("grad_ckpt",), device,
+                                   evaluator)
     if gpus > 1:
         lines += layout_alternatives(result.ranked[0], judged, result.usable_bytes, result.timed)
     return PlanReport(model=spec.name, device=device, capacity_bytes=capacity, margin=margin, space=space,

@@ -11,7 +11,7 @@ import math
 
 from trainwise.common.units import human_bytes
 from trainwise.planner.candidate import Candidate
-from trainwise.planner.search import fits, rank_key
+from trainwise.planner.search import Evaluator, SearchResult, candidate_of, fits, rank_key
 
 LAYOUT_KNOBS = ("dp", "fsdp", "zero", "cpu_offload", "tp", "sequence_parallel", "pp", "pp_schedule", "microbatches")
 
@@ -45,6 +45,27 @@ def alternatives(winner: Candidate, screened: list[Candidate], usable: int | Non
         best = best_of(others, usable, timed)
         lines.append((knob, best, why_lost(winner, best, usable, timed, knob)))
     return lines
+
+
+def confirmed_alternatives(result: SearchResult, judged: list[Candidate], knobs: tuple[str, ...], device,
+                           evaluator: Evaluator) -> list[tuple[str, Candidate, str]]:
+    """`alternatives`, after estimating exactly every screened alternative that would read as
+    better than the winner: a screen's figure is composed from neighbouring plans and can be
+    optimistic, and a line saying a faster plan lost contradicts the ranking. One that is
+    still better once exact joins the ranked plans and wins (`result` is updated)."""
+    for _ in range(2):  # a new winner has alternatives of its own, once more
+        winner = result.ranked[0]
+        lines = alternatives(winner, judged, result.usable_bytes, result.timed, knobs)
+        doubtful = [c for _, c, _ in lines if not c.exact and fits(c, result.usable_bytes)
+                    and rank_key(c, result.timed) < rank_key(winner, result.timed)]
+        if not doubtful:
+            return lines
+        exact = {c.plan: candidate_of(c.plan, evaluator(c.plan), device, exact=True) for c in doubtful}
+        result.evaluations += len(exact)
+        judged = [exact.get(c.plan, c) for c in judged]
+        better = [c for c in exact.values() if fits(c, result.usable_bytes)]
+        result.ranked = sorted([*result.ranked, *better], key=lambda c: rank_key(c, result.timed))[:len(result.ranked)]
+    return alternatives(result.ranked[0], judged, result.usable_bytes, result.timed, knobs)
 
 
 def best_of(candidates: list[Candidate], usable: int | None, timed: bool) -> Candidate:
