@@ -168,17 +168,23 @@ def test_bench_page_prints_no_ratio_when_either_engine_moved_more_than_ten_perce
         "not shown: machine busy: load 3.1 on 2 CPUs")
 
 
-def test_engine_speed_page_is_what_its_rows_render_to(tmp_path):
-    import render_engine_speed
+RENDERED = [p for p in PAGES if re.search(r"^- command: `python benchmarks/render_\w+\.py ", p.read_text(), flags=re.M)]
 
-    page = REPO / "docs" / "results" / "engine-speed-H200.md"
-    command = provenance.parse(page.read_text())["command"].strip("`").split()
-    rows = [REPO / arg for arg in command[2:command.index("--out")]]
-    out = tmp_path / "page.md"
-    assert render_engine_speed.main([*map(str, rows), "--out", str(out)]) == 0
-    rendered, committed = out.read_text(), page.read_text()
-    strip = lambda text: re.sub(r"^- command: .*$", "", text, flags=re.M)  # noqa: E731 - names the output path
-    assert strip(rendered) == strip(committed)
+
+@pytest.mark.parametrize("page", RENDERED, ids=[p.name for p in RENDERED])
+def test_a_page_rendered_from_rows_files_is_what_its_rows_render_to_now(page, tmp_path):
+    import importlib
+    import shlex
+
+    command = shlex.split(provenance.parse(page.read_text())["command"].strip("`"))
+    script = importlib.import_module(Path(command[1]).stem)
+    argv = command[2:]
+    argv[argv.index("--out") + 1] = str(tmp_path / "page.md")
+    argv = [str(REPO / arg) if arg.startswith("docs/") else arg for arg in argv]
+    assert script.main(argv) == 0
+    without_command = lambda text: re.sub(r"^- command: .*$", "", text, flags=re.M)  # noqa: E731 - it names the output
+    assert without_command((tmp_path / "page.md").read_text()) == without_command(page.read_text()), (
+        f"{page.name} differs from what {command[1]} renders from its rows now: run the command again")
 
 
 def test_render_engine_speed_shows_no_ratio_for_a_launch_cut_before_its_timed_runs(tmp_path):
