@@ -45,7 +45,7 @@ def torchrun_script(plan: Plan, launch: Launch) -> tuple[str, list[str]]:
                "address:", "  HEAD_NODE=node0.example bash THIS_FILE",
                "torchrun's c10d rendezvous on HEAD_NODE gives each node its rank."]
     body = shell_join(words + _restarts(launch.max_restarts) + _trainwise_words(plan, launch))
-    guard = ': "${HEAD_NODE:?set HEAD_NODE to the first node\'s address}"\n' if nodes > 1 else ""
+    guard = ': "${HEAD_NODE:?set HEAD_NODE to the address of the first node}"\n' if nodes > 1 else ""
     text = "#!/bin/bash\n" + comments(how) + cannot_express_comments([]) + "set -euo pipefail\n" + guard + body
     return text, []
 
