@@ -149,3 +149,13 @@ def test_targets_that_cannot_train_a_plan_are_refused_with_the_reason(fault_log)
     assert "does not divide" in refused.value.message
     fault_log(kind="bad input", case="--emit deepspeed of a 3-sample global batch on 6 GPUs", exit_code=2,
               message=str(refused.value))
+
+
+def test_local_paths_the_user_gave_are_made_absolute_for_a_launch_from_elsewhere(tmp_path, monkeypatch):
+    (tmp_path / "corpus.txt").write_text("hello\n")
+    (tmp_path / "my-model").mkdir()
+    monkeypatch.chdir(tmp_path)
+    words = shlex.split(train_flags(Plan(device="cpu"), Launch("my-model", data="corpus.txt", tokenizer="absent")))
+    assert words[2] == str(tmp_path / "my-model") and _value(words, "--data") == str(tmp_path / "corpus.txt")
+    assert _value(words, "--tokenizer") == "absent"  # not a path here: as given
+    assert _value(words, "--device") == "cpu"  # the CPU is named; a catalog GPU is not (train uses the one present)
