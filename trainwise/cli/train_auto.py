@@ -66,7 +66,7 @@ def resolve_auto(request: AutoRequest, plan: Plan, model: str, device_name: str,
 def _searched(request: AutoRequest, plan: Plan, model: str, device_name: str, task, trust_remote_code) -> Plan:
     from trainwise.api.plan import plan_search
     from trainwise.cli.progress_bar import progress_bar
-    from trainwise.planner.emit import train_flags
+    from trainwise.planner.launch import train_flags
 
     with progress_bar() as progress:
         report = plan_search(model, plan.replace(device=device_name), request.fixed | {"device"},

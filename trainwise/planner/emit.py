@@ -14,7 +14,7 @@ import yaml
 
 from trainwise.plan.plan import Plan
 from trainwise.planner.emit_batch import BatchShape, batch_shape
-from trainwise.planner.launch import RDZV_PORT, Launch, node_shape, train_flags, world_size
+from trainwise.planner.launch import RDZV_PORT, Launch, node_shape, world_size
 
 TARGETS = ("trainer", "accelerate", "deepspeed", "torchrun", "slurm", "torchtitan")
 # How the Trainer spells trainwise's optimizers (TrainingArguments.optim).
