@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from trainwise.common.errors import InputError
+from trainwise.engine.run_config import RunConfig
 from trainwise.plan.partition import pipeline_microbatches
 from trainwise.plan.plan import Plan
 from trainwise.planner.emit import cannot_express_comments, comments
@@ -123,13 +124,15 @@ def torchtitan_config(plan: Plan, launch: Launch) -> tuple[str, list[str]]:
     weights = local_path(launch.model) if Path(launch.model).exists() else None
     model = {"name": "llama3", "flavor": flavor,
              "hf_assets_path": weights or local_path(launch.tokenizer) or f"./assets/hf/{Path(launch.model).name}"}
+    steps = launch.steps or RunConfig().steps  # what `trainwise train` runs when not told
     training.update(local_batch_size=plan.batch_size, global_batch_size=global_batch(plan), seq_len=plan.seq_len,
-                    max_norm=plan.max_grad_norm, steps=launch.steps or 100, dataset="c4",
+                    max_norm=plan.max_grad_norm, steps=steps, dataset="c4",
                     enable_cpu_offload=plan.cpu_offload)
     schedule = {"warmup_steps": plan.warmup_steps, "decay_type": "cosine" if plan.lr_schedule == "cosine" else "linear"}
     if plan.lr_schedule == "constant":
         schedule["decay_ratio"] = 0.0
-    checkpoint = {"enable": True, "folder": "checkpoint", "interval": launch.save_every or 500}
+    # Without --save-every trainwise saves at the end only; torchtitan saves at the last step too.
+    checkpoint = {"enable": True, "folder": "checkpoint", "interval": launch.save_every or steps}
     if weights:
         checkpoint.update(initial_load_path=weights, initial_load_in_hf=True)
     if not (weights or launch.tokenizer):
