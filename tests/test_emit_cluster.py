@@ -79,6 +79,8 @@ def test_the_slurm_script_asks_for_the_nodes_and_stops_before_the_time_limit():
         "8", "8", "5")
     assert _value(words, "--rdzv-endpoint") == "$HEAD_NODE:$RDZV_PORT" and _value(words, "--output") == "$OUTPUT"
     assert "OUTPUT=/shared/runs/70b" in text.splitlines() and "scontrol show hostnames" in text
+    # torchrun gives its workers most of the 120 s to save, not its default 30 s
+    assert "export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=110" in text.splitlines()
     assert missing == []
 
 

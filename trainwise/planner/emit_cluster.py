@@ -17,6 +17,9 @@ from trainwise.planner.launch import RDZV_PORT, Launch, Raw, node_shape, plan_wo
 SLURM_RESTARTS = 3
 # Seconds before the time limit Slurm sends SIGTERM: one optimizer step and a checkpoint save.
 SLURM_STOP_S = 120
+# Seconds torchrun waits for its workers after that signal before it kills them (its default
+# is 30 s, often too short for a large model's step and save): the lead less a margin.
+SHUTDOWN_S = SLURM_STOP_S - 10
 
 
 def _trainwise_words(plan: Plan, launch: Launch) -> list[str]:
@@ -63,9 +66,12 @@ def slurm_script(plan: Plan, launch: Launch) -> tuple[str, list[str]]:
     sbatch = ["#SBATCH --job-name=trainwise", f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1",
               f"#SBATCH --gpus-per-node={per_node}", f"#SBATCH --signal=TERM@{SLURM_STOP_S}"]
     notes = [f"trainwise plan for {launch.model}: {nodes} nodes x {per_node} GPUs. Submit with `sbatch THIS_FILE`;",
-             "add the --partition, --account and --time your cluster needs.",
+             "add the --partition, --account and --time your cluster needs, and activate the environment",
+             "that has trainwise and torchrun (the job inherits the submitting shell's PATH by default).",
              f"--signal: {SLURM_STOP_S} s before the time limit Slurm sends SIGTERM to the job step's processes",
              "(not to this batch shell): trainwise's ranks finish the step, save a checkpoint in --output and exit.",
+             f"torchrun waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT ({SHUTDOWN_S} s) for them before it kills them (a torchrun",
+             "that does not read it, in older torch, waits 30 s: the step and the save must fit in that).",
              f"torchrun restarts a failed job up to {restarts} times"
              + (" (plan --max-restarts)" if launch.max_restarts is not None else " (the script's default)")
              + "; it continues from the newest checkpoint in --output"
@@ -73,7 +79,7 @@ def slurm_script(plan: Plan, launch: Launch) -> tuple[str, list[str]]:
              "OUTPUT (checkpoints and the final model) and the data must be on storage every node shares."
              + ("" if launch.output else " Default: the submit directory (plan --train-out DIR sets it).")]
     lines = ["#!/bin/bash", *sbatch, comments(notes) + cannot_express_comments([]).rstrip("\n"),
-             "set -euo pipefail", f"OUTPUT={output}",
+             "set -euo pipefail", f"OUTPUT={output}", f"export TORCH_ELASTIC_SHUTDOWN_TIMEOUT={SHUTDOWN_S}",
              'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
              f'RDZV_PORT="${{RDZV_PORT:-{RDZV_PORT}}}"', shell_join(words + train)]
     return "\n".join(lines), []
