@@ -9,7 +9,8 @@ import shlex
 import yaml
 
 from trainwise.plan import Plan
-from trainwise.planner.emit import emit, train_flags
+from trainwise.planner.emit import emit
+from trainwise.planner.launch import train_flags
 
 PLAN = Plan(batch_size=8, grad_accum=4, seq_len=2048, precision="bf16", optim="adamw-fused", grad_ckpt=True,
             attention="sdpa", device="H100")
@@ -46,22 +47,27 @@ def test_an_accelerate_config_is_yaml_with_the_mixed_precision_and_fsdp_strategy
 def test_a_deepspeed_config_has_the_zero_stage_offload_and_batch_shape_and_says_it_has_no_tp():
     text, missing = emit(PLAN.replace(nproc=8, fsdp=4, tp=2, zero=3, cpu_offload=True), "deepspeed", "m")
     config = json.loads(text)
-    assert config["train_micro_batch_size_per_gpu"] == 8 and config["gradient_accumulation_steps"] == 4
-    assert config["train_batch_size"] == 8 * 4 * 4  # over the 4 sharded data-parallel replicas
+    # Without tensor parallel the 8 GPUs are 8 data-parallel ranks, not 4: the plan's global
+    # batch (8 x 4 x 4 = 128) is kept with the micro-batch 8 and half the accumulation.
+    assert config["train_micro_batch_size_per_gpu"] == 8 and config["gradient_accumulation_steps"] == 2
+    assert config["train_batch_size"] == 8 * 4 * 4
+    assert any(m.startswith("batch: tensor parallel 2 dropped") and "128 samples" in m for m in missing)
     assert config["zero_optimization"]["stage"] == 3
     assert config["zero_optimization"]["offload_param"]["device"] == "cpu"
     assert config["bf16"]["enabled"] is True and config["fp16"]["enabled"] is False
     assert any(m.startswith("tensor parallel 2") and "DeepSpeed" in m for m in missing)
 
 
-def test_the_torchrun_line_runs_trainwise_train_with_every_changed_knob():
-    text, missing = emit(PLAN.replace(nproc=2), "torchrun", "Llama-3.2-1B")
-    words = shlex.split(text)
+def test_the_torchrun_script_runs_trainwise_train_with_every_changed_knob():
+    text, missing = emit(PLAN.replace(nproc=2, dp=2), "torchrun", "Llama-3.2-1B")
+    assert text.startswith("#!/bin/bash\n")
+    words = shlex.split(text.splitlines()[-1])
     assert words[:5] == ["torchrun", "--standalone", "--nproc-per-node", "2", "-m"]
     assert words[5:8] == ["trainwise", "train", "Llama-3.2-1B"]
     for flag, value in (("--batch-size", "8"), ("--grad-accum", "4"), ("--optim", "adamw-fused")):
         assert words[words.index(flag) + 1] == value
-    assert "--grad-ckpt" in words and "--device" not in words and missing == []
+    # torchrun sets the world size: --nproc would make trainwise relaunch itself
+    assert "--grad-ckpt" in words and "--device" not in words and "--nproc" not in words and missing == []
 
 
 def test_the_flags_line_reads_back_as_the_same_plan():

@@ -5,6 +5,8 @@ confirmed by the exact per-rank estimate, with the layout flags given held fixed
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
 
 import pytest
 
@@ -49,22 +51,31 @@ def test_layout_flags_given_are_held_in_every_plan_screened_and_shown():
         assert (layout.tp, candidate.plan.zero, layout.world) == (2, 3, 4)
 
 
-def test_plan_cli_over_gpus_prints_json_with_the_layouts(capsys, tmp_path):
-    code = main([*FOUR, "--global-batch", "8", "--tp", "2", "--zero", "3", "--top", "1", "--json",
-                 "--out", str(tmp_path), "--emit", "torchrun"])
+def test_plan_cli_over_gpus_prints_json_with_the_layouts_and_per_node_lines(capsys, tmp_path):
+    script = tmp_path / "job.sbatch"
+    code = main([*FOUR, "--gpus-per-node", "2", "--global-batch", "8", "--tp", "2", "--zero", "3", "--top", "1",
+                 "--json", "--out", str(tmp_path), "--data", "builtin", "--train-out", "/shared/run", "--steps", "5",
+                 "--emit", "slurm", "--emit-out", str(script)])
     data = json.loads(capsys.readouterr().out)
     assert code == 0
     (best,) = data["plans"]
     assert best["exact"] and "--tp 2" in best["flags"] and "--zero 3" in best["flags"]
     assert (tmp_path / "plan-1.yaml").exists()
-    assert "--nproc-per-node 4" in data["emit"]["text"]
+    # 4 GPUs on nodes of 2: each node runs the line with --nproc 2, never --nproc 4
+    words = shlex.split(best["flags"])
+    assert words[words.index("--nnodes") + 1] == "2" and words[words.index("--nproc") + 1] == "2"
+    assert words[-6:] == ["--data", "builtin", "--steps", "5", "--output", "/shared/run"]
+    assert script.read_text() == data["emit"]["text"] + "\n" and "#SBATCH --nodes=2" in data["emit"]["text"]
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
 
 
 @pytest.mark.fault
 @pytest.mark.parametrize("extra, field", [([], "--global-batch"),
                                           (["--global-batch", "6", "--tp", "1", "--pp", "1"], "--global-batch"),
-                                          (["--global-batch", "8", "--gpus-per-node", "3"], "--gpus-per-node")],
-                         ids=["no-global-batch", "indivisible", "gpus-per-node"])
+                                          (["--global-batch", "8", "--gpus-per-node", "3"], "--gpus-per-node"),
+                                          (["--global-batch", "8", "--emit", "torchtitan"], "--emit"),
+                                          (["--global-batch", "8", "--steps", "0"], "--steps")],
+                         ids=["no-global-batch", "indivisible", "gpus-per-node", "torchtitan-flavor", "steps"])
 def test_a_layout_search_it_cannot_run_is_refused(extra, field, capsys, fault_log):
     code = main([*FOUR, *extra])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]

@@ -27,6 +27,7 @@ from trainwise.models.task_inputs import fit_task_sequence
 from trainwise.models.attention import attention_refusal
 from trainwise.models.quiet import quiet_transformers
 from trainwise.planner.compose import Measure
+from trainwise.planner.launch import Launch
 from trainwise.planner.refine import refine
 from trainwise.planner.search import DEFAULT_MARGIN, Evaluator, SearchResult, search, smallest
 from trainwise.planner.space import ALLOWABLE, Space, build_space
@@ -157,7 +158,7 @@ def plan_search(model: str | ModelSpec, base: Plan, fixed: set[str] | frozenset[
             result = refine(result, space, device, evaluator, top)
     result.notes[:0] = notes
     if not result.ranked:
-        raise nothing_fits(result, space, device, evaluator, spec.name)
+        raise nothing_fits(result, space, device, evaluator, Launch(spec.name, gpus_per_node=gpus_per_node))
     # An alternative that was confirmed is judged by its exact estimate, like the winner.
     confirmed = {c.plan: c for c in result.ranked}
     judged = [confirmed.get(c.plan, c) for c in result.screened]
@@ -193,9 +194,11 @@ def _fixed_data_parallel(base: Plan, fixed: frozenset[str]) -> int:
     return base.dp * base.fsdp if {"dp", "fsdp"} & fixed else 1
 
 
-def nothing_fits(result: SearchResult, space: Space, device: Device, evaluator: Evaluator, model: str) -> InputError:
-    """One line: the smallest plan, what it needs against what is usable, what would help."""
-    from trainwise.planner.emit import train_flags
+def nothing_fits(result: SearchResult, space: Space, device: Device, evaluator: Evaluator,
+                 model: str | Launch) -> InputError:
+    """One line: the smallest plan (its train line per node when it spans nodes), what it
+    needs against what is usable, what would help."""
+    from trainwise.planner.launch import train_flags
 
     least = smallest(result.screened)
     if least is None:

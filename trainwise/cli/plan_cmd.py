@@ -25,9 +25,11 @@ def register(commands) -> None:
                              "lora, adamw-8bit, adafactor, bf16-pure, fp16 (comma-separated)")
     parser.add_argument("--profile", default=None, metavar="FILE", help="device profile (from `trainwise calibrate`)")
     parser.add_argument("--out", default=None, metavar="DIR", help="write each shown plan as DIR/plan-N.yaml")
-    parser.add_argument("--emit", default=None, choices=("trainer", "accelerate", "deepspeed", "torchrun"),
+    parser.add_argument("--emit", default=None,
+                        choices=("trainer", "accelerate", "deepspeed", "torchrun", "slurm", "torchtitan"),
                         help="print the best plan for another launcher (with --emit-out FILE: write it there)")
     parser.add_argument("--emit-out", default=None, metavar="FILE", help="where --emit writes (default: print)")
+    _add_run_arguments(parser.add_argument_group("what the printed train lines and --emit train"))
     parser.add_argument("--task", default=None, help="causal-lm, seq-cls, seq2seq or masked-lm")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow a local model directory's own code")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -36,6 +38,29 @@ def register(commands) -> None:
     add_auto_batch_flags(parser)
     add_verify_arguments(parser)
     parser.set_defaults(run=run)
+
+
+def _add_run_arguments(group) -> None:
+    """Passed through to the `trainwise train` lines and --emit files, so they train what the
+    user means (without them: the model's catalog weights or random init, builtin data)."""
+    group.add_argument("--data", default=None, metavar="PATH", help="training data (as train --data)")
+    group.add_argument("--tokenizer", default=None, metavar="DIR", help="tokenizer directory (as train --tokenizer)")
+    group.add_argument("--steps", default=None, metavar="N", help="optimizer steps (as train --steps)")
+    group.add_argument("--train-out", default=None, metavar="DIR",
+                       help="checkpoints and the final model of the run (train --output)")
+    group.add_argument("--save-every", default=None, metavar="N", help="checkpoint interval (as train --save-every)")
+    group.add_argument("--max-restarts", default=None, metavar="N", help="restarts of a failed job (as train)")
+
+
+def launch_from_args(args):
+    """The Launch of `plan`'s arguments: what the train lines carry besides the plan."""
+    from trainwise.planner.launch import Launch
+
+    return Launch(model=args.model, gpus_per_node=number_option(args, "gpus_per_node"), task=args.task,
+                  trust_remote_code=args.trust_remote_code, data=args.data, tokenizer=args.tokenizer,
+                  steps=number_option(args, "steps", minimum=1), output=args.train_out,
+                  save_every=number_option(args, "save_every", minimum=0),
+                  max_restarts=number_option(args, "max_restarts", minimum=0))
 
 
 def run(args) -> int:
@@ -61,6 +86,11 @@ def run(args) -> int:
                        inter_node_gbps=number_option(args, "inter_node_gbps", float, 0),
                        margin=number_option(args, "memory_margin", float, 0))
     plan = plan_from_args(args)
+    launch = launch_from_args(args)  # a bad value is refused before the search
+    if args.emit == "torchtitan":
+        from trainwise.planner.emit_torchtitan import flavor_of
+
+        flavor_of(args.model)  # a model torchtitan has no flavor of is refused before the search
     if verify:
         from trainwise.hardware import resolve_device
         from trainwise.planner.verify import check_device_present
@@ -71,12 +101,12 @@ def run(args) -> int:
         report = plan_search(args.model, plan, fixed, profile=args.profile, task=args.task,
                              trust_remote_code=args.trust_remote_code, progress=progress, **search_args)
     paths = write_outputs(report, args.out)
-    emitted = _emit(report, args)
+    emitted = _emit(report, args, launch)
     if not args.json:
-        render_plan(report, paths, Console())
+        render_plan(report, paths, Console(), launch)
     verified = _verify(args, report) if verify else None
     if args.json:
-        print_json({**plan_json(report, paths, emitted), **({"verify": verified} if verified else {})})
+        print_json({**plan_json(report, paths, emitted, launch), **({"verify": verified} if verified else {})})
     else:
         if emitted and args.emit_out is None:
             print(emitted[0])
@@ -98,14 +128,14 @@ def _verify(args, report) -> dict:
     return report_to_json(verified)
 
 
-def _emit(report, args):
+def _emit(report, args, launch):
     """(text, knobs it cannot express) of the best plan for --emit, written to --emit-out."""
     from trainwise.common.atomic import atomic_write_text
     from trainwise.planner.emit import emit
 
     if args.emit is None:
         return None
-    text, missing = emit(report.result.ranked[0].plan, args.emit, args.model)
+    text, missing = emit(report.result.ranked[0].plan, args.emit, launch)
     if args.emit_out is not None:
         atomic_write_text(args.emit_out, text + "\n")
     return text, missing

@@ -10,7 +10,7 @@ import yaml
 
 from trainwise.common.atomic import atomic_write_text
 from trainwise.common.units import human_bytes
-from trainwise.planner.emit import train_flags
+from trainwise.planner.launch import Launch, train_flags
 
 
 def write_outputs(report, out_dir: str | None) -> list[str | None]:
@@ -38,7 +38,8 @@ def _number(value, digits: str) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, digits)
 
 
-def render_plan(report, paths: list[str | None], console) -> None:
+def render_plan(report, paths: list[str | None], console, launch: Launch | None = None) -> None:
+    """The table, then each plan's `trainwise train` line (per node for a plan of several nodes)."""
     from rich.table import Table
 
     result = report.result
@@ -58,7 +59,7 @@ def render_plan(report, paths: list[str | None], console) -> None:
     console.print(table)
     for rank, (candidate, path) in enumerate(zip(result.ranked, paths), 1):
         exact = "exact estimate" if candidate.exact else "composed"
-        console.print(f"{rank}: {train_flags(candidate.plan, report.model)}  ({exact}"
+        console.print(f"{rank}: {train_flags(candidate.plan, launch or report.model)}  ({exact}"
                       + (f"; plan file {path})" if path else ")"), soft_wrap=True)
     if not result.timed:
         console.print("ranked without a time prediction (no step-time model or device profile for this device): "
@@ -69,7 +70,7 @@ def render_plan(report, paths: list[str | None], console) -> None:
         console.print(f"note: {note}")
 
 
-def candidate_json(candidate, model: str, path: str | None) -> dict:
+def candidate_json(candidate, model: str | Launch, path: str | None) -> dict:
     nan_free = {k: (None if isinstance(v, float) and math.isnan(v) else v)
                 for k, v in (("step_s", candidate.step_s), ("tokens_per_s", candidate.tokens_per_s),
                              ("samples_per_s", candidate.samples_per_s))}
@@ -79,15 +80,15 @@ def candidate_json(candidate, model: str, path: str | None) -> dict:
             "flags": train_flags(candidate.plan, model), "plan_file": path}
 
 
-def plan_json(report, paths: list[str | None], emitted) -> dict:
+def plan_json(report, paths: list[str | None], emitted, launch: Launch | None = None) -> dict:
     result = report.result
     data = {"model": report.model, "device": report.device.name, "capacity_bytes": report.capacity_bytes,
             "usable_bytes": result.usable_bytes, "memory_margin": report.margin,
             "global_batch": report.space.global_batch, "allow": sorted(report.space.allow),
             "fixed": sorted(report.space.fixed), "ranked_by": "tokens_per_s" if result.timed else "micro_batch",
             "screened": len(result.screened), "estimates": result.evaluations, "search_s": report.seconds,
-            "plans": [candidate_json(c, report.model, p) for c, p in zip(result.ranked, paths)],
-            "alternatives": [{"technique": knob, "line": line, **candidate_json(c, report.model, None)}
+            "plans": [candidate_json(c, launch or report.model, p) for c, p in zip(result.ranked, paths)],
+            "alternatives": [{"technique": knob, "line": line, **candidate_json(c, launch or report.model, None)}
                              for knob, c, line in report.why_lost],
             "notes": [*report.space.notes, *result.notes]}
     if emitted:

@@ -1,42 +1,65 @@
 """A chosen plan written for another launcher: Transformers TrainingArguments (JSON), an
-accelerate config (YAML), a DeepSpeed config (JSON), or a torchrun command line of
-`trainwise train`. Each target also names the knobs it cannot express, so nothing is
-dropped silently."""
+accelerate config (YAML), a DeepSpeed config (JSON), a torchrun script, a Slurm batch
+script (both running `trainwise train`), or a torchtitan job config (TOML). Each target
+carries what the user gave `plan` (model, data, output...) where its format holds it, keeps
+the plan's global batch when it drops a kind of parallelism, and names every knob it cannot
+express (returned, and as comments in the formats that have them), so nothing is dropped
+silently."""
 
 from __future__ import annotations
 
 import json
-import shlex
 
 import yaml
 
 from trainwise.plan.plan import Plan
+from trainwise.planner.emit_batch import BatchShape, batch_shape
+from trainwise.planner.launch import RDZV_PORT, Launch, node_shape, world_size
 
-TARGETS = ("trainer", "accelerate", "deepspeed", "torchrun")
+TARGETS = ("trainer", "accelerate", "deepspeed", "torchrun", "slurm", "torchtitan")
 # How the Trainer spells trainwise's optimizers (TrainingArguments.optim).
 TRAINER_OPTIM = {"adamw": "adamw_torch", "adamw-fused": "adamw_torch_fused", "adafactor": "adafactor",
                  "adamw-8bit": "adamw_bnb_8bit", "sgd": "sgd"}
 TRAINER_SCHEDULE = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}
 
 
-def emit(plan: Plan, target: str, model: str) -> tuple[str, list[str]]:
-    """(the text for `target`, the knobs of `plan` it cannot express, one phrase each)."""
+def emit(plan: Plan, target: str, launch: Launch | str) -> tuple[str, list[str]]:
+    """(the text for `target`, the knobs of `plan` it cannot express, one phrase each).
+    InputError when `target` cannot train `plan` at all (the reason in one line)."""
+    from trainwise.planner.emit_cluster import slurm_script, torchrun_script
+    from trainwise.planner.emit_torchtitan import torchtitan_config
+
+    launch = launch if isinstance(launch, Launch) else Launch(launch)
     writer = {"trainer": trainer_arguments, "accelerate": accelerate_config, "deepspeed": deepspeed_config,
-              "torchrun": torchrun_command}[target]
-    return writer(plan, model)
+              "torchrun": torchrun_script, "slurm": slurm_script, "torchtitan": torchtitan_config}[target]
+    return writer(plan, launch)
 
 
-def train_flags(plan: Plan, model: str) -> str:
-    """`trainwise train MODEL --flag value ...`: the batch shape, then the knobs that differ
-    from the defaults (the device is left out: train runs on the GPU that is there)."""
-    parts = ["trainwise", "train", model]
-    shown = {"batch_size": plan.batch_size, "grad_accum": plan.grad_accum, **plan.changed_knobs()}
-    for name, value in shown.items():
-        if name == "device":
-            continue
-        flag = "--" + name.replace("_", "-")
-        parts += [flag] if value is True else [flag, str(value)]
-    return shlex.join(parts)
+def comments(lines: list[str]) -> str:
+    """`lines` as `# ` comment lines (for shell, YAML and TOML files)."""
+    return "".join(f"# {line}\n" for line in lines)
+
+
+def cannot_express_comments(missing: list[str]) -> str:
+    return comments(["cannot express here (do it by hand):", *(f"- {m}" for m in missing)] if missing
+                    else ["every knob of the plan is expressed"])
+
+
+def _script_side(launch: Launch, what: str) -> list[str]:
+    """What a config file cannot hold of what the user gave `plan`: the model and data load in
+    the user's script."""
+    given = [f"model {launch.model}"] + [f"{name} {value}" for name, value in
+                                         (("data", launch.data), ("tokenizer", launch.tokenizer),
+                                          ("task", launch.task)) if value]
+    return [f"{', '.join(given)}: {what} holds no model or data; load them in your training script"]
+
+
+def _launch_note(plan: Plan, launch: Launch, runner: str) -> list[str]:
+    """How to start a script on every node when the plan spans several."""
+    nodes, per_node = node_shape(plan, launch)
+    if nodes == 1:
+        return []
+    return [f"{nodes} nodes x {per_node} GPUs: {runner}"]
 
 
 def _model_side(plan: Plan) -> list[str]:
@@ -88,15 +111,24 @@ def _parallel_missing(plan: Plan, target: str) -> list[str]:
     return missing
 
 
-def trainer_arguments(plan: Plan, model: str) -> tuple[str, list[str]]:
+def _dropped(plan: Plan, target: str) -> tuple[BatchShape, list[str]]:
+    """The batch shape without tensor and pipeline parallel, and the lines naming both."""
+    shape = batch_shape(plan, target, keeps_tp=False, keeps_pp=False)
+    return shape, _parallel_missing(plan, target) + ([shape.note] if shape.note else [])
+
+
+def trainer_arguments(plan: Plan, launch: Launch) -> tuple[str, list[str]]:
     """TrainingArguments keyword arguments as JSON."""
-    args = {"per_device_train_batch_size": plan.batch_size, "gradient_accumulation_steps": plan.grad_accum,
+    shape, parallel = _dropped(plan, "the Trainer")
+    args = {"per_device_train_batch_size": shape.micro, "gradient_accumulation_steps": shape.accum,
             "learning_rate": plan.lr, "weight_decay": plan.weight_decay, "warmup_steps": plan.warmup_steps,
             "lr_scheduler_type": TRAINER_SCHEDULE[plan.lr_schedule], "max_grad_norm": plan.max_grad_norm,
             "optim": TRAINER_OPTIM[plan.optim], "bf16": plan.precision == "bf16", "fp16": plan.precision == "fp16",
             "tf32": plan.precision == "tf32", "gradient_checkpointing": plan.grad_ckpt,
             "torch_compile": plan.compile, "dataloader_num_workers": plan.workers,
             "dataloader_pin_memory": plan.pin_memory}
+    args.update({key: value for key, value in (("output_dir", launch.output), ("max_steps", launch.steps),
+                                                ("save_steps", launch.save_every)) if value is not None})
     if plan.compile:
         args["torch_compile_mode"] = plan.compile_mode
     if plan.kernels == "liger":
@@ -104,17 +136,24 @@ def trainer_arguments(plan: Plan, model: str) -> tuple[str, list[str]]:
     if plan.zero in (2, 3):
         args["fsdp"] = ("full_shard" if plan.zero == 3 else "shard_grad_op") + (" offload" if plan.cpu_offload else "")
     elif plan.zero == 1:
-        args["deepspeed"] = json.loads(deepspeed_config(plan, model)[0])
-    return json.dumps(args, indent=2), _model_side(plan) + _parallel_missing(plan, "the Trainer")
+        args["deepspeed"] = json.loads(deepspeed_config(plan, launch)[0])
+    launch_note = _launch_note(plan, launch, "start your script with the `torchrun` target's command on each node")
+    return (json.dumps(args, indent=2),
+            _script_side(launch, "TrainingArguments") + _model_side(plan) + parallel + launch_note)
 
 
-def accelerate_config(plan: Plan, model: str) -> tuple[str, list[str]]:
-    """An `accelerate launch --config_file` YAML."""
-    processes = max(plan.nproc, plan.dp * plan.fsdp * plan.tp * plan.pp)
+def accelerate_config(plan: Plan, launch: Launch) -> tuple[str, list[str]]:
+    """An `accelerate launch --config_file` YAML: every node runs it with its own machine_rank."""
+    shape, parallel = _dropped(plan, "accelerate")
+    nodes, _ = node_shape(plan, launch)
+    processes = world_size(plan)
     mixed = {"bf16": "bf16", "fp16": "fp16"}.get(plan.precision, "no")
-    config = {"compute_environment": "LOCAL_MACHINE", "machine_rank": 0, "num_machines": 1,
+    config = {"compute_environment": "LOCAL_MACHINE", "machine_rank": 0, "num_machines": nodes,
               "num_processes": processes, "mixed_precision": mixed,
               "distributed_type": "NO" if processes == 1 else "MULTI_GPU"}
+    if nodes > 1:
+        config.update(main_process_ip="HEAD_NODE", main_process_port=RDZV_PORT, rdzv_backend="static",
+                      same_network=True)
     if plan.zero in (2, 3):
         config["distributed_type"] = "FSDP"
         config["fsdp_config"] = {"fsdp_sharding_strategy": "FULL_SHARD" if plan.zero == 3 else "SHARD_GRAD_OP",
@@ -122,29 +161,34 @@ def accelerate_config(plan: Plan, model: str) -> tuple[str, list[str]]:
                                  "fsdp_activation_checkpointing": plan.grad_ckpt}
     elif plan.zero == 1:
         config["distributed_type"] = "DEEPSPEED"
-        config["deepspeed_config"] = {"zero_stage": 1, "gradient_accumulation_steps": plan.grad_accum}
+        config["deepspeed_config"] = {"zero_stage": 1, "gradient_accumulation_steps": shape.accum}
     if plan.compile:
         config["dynamo_config"] = {"dynamo_backend": "INDUCTOR", "dynamo_mode": plan.compile_mode}
-    missing = [f"micro-batch {plan.batch_size}: set the DataLoader's batch_size",
-               f"accumulation {plan.grad_accum}: Accelerator(gradient_accumulation_steps={plan.grad_accum})",
+    missing = [f"micro-batch {shape.micro}: set the DataLoader's batch_size",
+               f"accumulation {shape.accum}: Accelerator(gradient_accumulation_steps={shape.accum})",
                f"optimizer {plan.optim} (lr {plan.lr}, weight decay {plan.weight_decay}): built in your script"]
     if plan.grad_ckpt and plan.zero not in (2, 3):
         missing.append("grad checkpointing: model.gradient_checkpointing_enable()")
     if plan.precision == "tf32":
         missing.append("tf32: torch.backends.cuda.matmul.allow_tf32 = True")
-    return yaml.safe_dump(config, sort_keys=False), missing + _model_side(plan) + _parallel_missing(plan, "accelerate")
+    missing += (_script_side(launch, "an accelerate config") + _model_side(plan) + parallel
+                + _launch_note(plan, launch, "on node r run `accelerate launch --config_file FILE --machine_rank r "
+                                             "--main_process_ip ADDRESS your_script.py` (ADDRESS: node 0's; or "
+                                             "edit machine_rank and HEAD_NODE in the file)"))
+    header = cannot_express_comments(missing)
+    return header + yaml.safe_dump(config, sort_keys=False), missing
 
 
-def deepspeed_config(plan: Plan, model: str) -> tuple[str, list[str]]:
+def deepspeed_config(plan: Plan, launch: Launch) -> tuple[str, list[str]]:
     """A DeepSpeed config (JSON); plain data parallel is ZeRO stage 0."""
-    replicas = plan.dp * plan.fsdp
+    shape, parallel = _dropped(plan, "DeepSpeed")
     zero = {"stage": plan.zero or 0}
     if plan.cpu_offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         if plan.zero == 3:
             zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-    config = {"train_micro_batch_size_per_gpu": plan.batch_size, "gradient_accumulation_steps": plan.grad_accum,
-              "train_batch_size": plan.batch_size * plan.grad_accum * replicas,
+    config = {"train_micro_batch_size_per_gpu": shape.micro, "gradient_accumulation_steps": shape.accum,
+              "train_batch_size": shape.global_batch,
               "gradient_clipping": plan.max_grad_norm, "bf16": {"enabled": plan.precision in ("bf16", "bf16-pure")},
               "fp16": {"enabled": plan.precision == "fp16"}, "zero_optimization": zero}
     if plan.optim in ("adamw", "adamw-fused"):
@@ -157,11 +201,9 @@ def deepspeed_config(plan: Plan, model: str) -> tuple[str, list[str]]:
         missing.append("grad checkpointing: model.gradient_checkpointing_enable()")
     if plan.compile:
         missing.append("compile: torch.compile the engine's module in your script")
-    return json.dumps(config, indent=2), missing + _model_side(plan) + _parallel_missing(plan, "DeepSpeed")
-
-
-def torchrun_command(plan: Plan, model: str) -> tuple[str, list[str]]:
-    """`torchrun --standalone --nproc-per-node N -m trainwise train ...`: every knob."""
-    processes = max(plan.nproc, plan.dp * plan.fsdp * plan.tp * plan.pp)
-    flags = train_flags(plan, model).split(" ", 1)[1]  # drop the leading "trainwise"
-    return f"torchrun --standalone --nproc-per-node {processes} -m trainwise {flags}", []
+    nodes, per_node = node_shape(plan, launch)
+    hostfile = _launch_note(plan, launch, f"write a hostfile of {nodes} lines `HOSTNAME slots={per_node}` and run "
+                                          f"`deepspeed --hostfile hostfile --num_nodes {nodes} --num_gpus {per_node} "
+                                          "your_script.py --deepspeed FILE` on the first node")
+    return (json.dumps(config, indent=2),
+            missing + _script_side(launch, "a DeepSpeed config") + _model_side(plan) + parallel + hostfile)
