@@ -20,8 +20,8 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from trainwise.engine.checkpoint import (CHECKPOINTS, TrainingState, latest_checkpoint, restore_checkpoint,
-                                         resumable_checkpoint, save_checkpoint)
-from trainwise.engine.checkpoint_manifest import DamagedCheckpoint
+                                         resumable_checkpoint)
+from trainwise.engine.checkpoint_saves import CheckpointSaves, check_async_request
 from trainwise.engine.compile_cache import compile_cache_dir, compile_events
 from trainwise.engine.evaluate import evaluate
 from trainwise.engine.export import export_final
@@ -35,7 +35,7 @@ from trainwise.engine.step_accounts import StepAccounts
 from trainwise.engine.setup import TrainingSetup
 from trainwise.engine.step_values import StepValues
 from trainwise.engine.train_step import training_step
-from trainwise.common.errors import InputError, WriteFailed, first_line
+from trainwise.common.errors import InputError
 from trainwise.plan.plan import Plan
 from trainwise.step.fused_loss_model import loss_implementation
 
@@ -103,6 +103,7 @@ def run_training(setup: TrainingSetup, data, plan: Plan, run: RunConfig, *, flop
 
 def _run(setup: TrainingSetup, data, plan: Plan, run: RunConfig, flops_per_step: int | None,
          peak_flops: float | None, on_step: Callable[[StepLog], None] | None, stops: StopSignals) -> RunOutcome:
+    check_async_request(run, setup.has_mesh)
     state = _resume_state(setup, run, plan)
     started = state.step
     batches = _CountingIterator(iter(data.micro_batches(start=state.micro_batches_consumed)),
@@ -117,6 +118,7 @@ def _run(setup: TrainingSetup, data, plan: Plan, run: RunConfig, flops_per_step:
     accounts = StepAccounts(state, timer, first_timed=started + warmup,
                             untimed={probe_step} if setup.device.type == "cpu" else set())
     pending, eval_loss, checkpoint, stop_signal = PendingSteps(setup.device), None, None, None
+    saves = CheckpointSaves(run, setup, plan)
     run_started = time.perf_counter()
     for step in range(started, run.steps):
         probe.step_begin(step, _live_tensors(setup))
@@ -140,7 +142,7 @@ def _run(setup: TrainingSetup, data, plan: Plan, run: RunConfig, flops_per_step:
         if on_step:
             on_step(entry)
         if _saves_at(step, run):
-            checkpoint = _save(run, accounts.state, setup, plan)
+            checkpoint = saves.save(accounts.state)  # under --checkpoint-async: in flight
         pending.restart_clock()
         stop_signal = stops.requested() if step + 1 < run.steps else None
         if stop_signal:
@@ -150,7 +152,7 @@ def _run(setup: TrainingSetup, data, plan: Plan, run: RunConfig, flops_per_step:
             break
     total_time = time.perf_counter() - run_started
     state = accounts.state
-    checkpoint, exports = _final_save(run, setup, plan, state, started, checkpoint, stop_signal)
+    checkpoint, exports = _final_save(run, setup, saves, state, started, saves.wait() or checkpoint, stop_signal)
     final_loss = accounts.last.loss if accounts.last else state.extra.get("last_loss")
     summary = _summary({**timer.summary(total_time), "compile_cache": compile_cache_dir() if plan.compile else None},
                        probe.snapshot(), final_loss, state, started, eval_loss, stop_signal,
@@ -204,19 +206,20 @@ def _one_step(setup: TrainingSetup, batches, plan: Plan, run: RunConfig):
     return outcome, compile_events() > compiles_before
 
 
-def _final_save(run: RunConfig, setup: TrainingSetup, plan: Plan, state: TrainingState, started: int,
+def _final_save(run: RunConfig, setup: TrainingSetup, saves: CheckpointSaves, state: TrainingState, started: int,
                 checkpoint: Path | None, stop_signal: int | None) -> tuple[Path | None, dict]:
     """(the run's last checkpoint, its exports). A run stopped by a signal saves where it
     stopped (unless that step was just saved) and exports nothing; a run that trained saves
-    and exports; one that trained nothing names the checkpoint it resumed from."""
+    and exports; one that trained nothing names the checkpoint it resumed from. A save in
+    flight was completed before (`saves.wait()`)."""
     if not run.output:
         return checkpoint, {}
     if stop_signal:
         if checkpoint is None or checkpoint.name != f"step-{state.step:08d}":
-            checkpoint = _save(run, state, setup, plan)
+            checkpoint = saves.save_now(state)
         return checkpoint, {}
     if state.step > started:
-        checkpoint = _save(run, state, setup, plan)
+        checkpoint = saves.save_now(state)
         return checkpoint, _export(run, setup, checkpoint)
     return latest_checkpoint(run.output), {}
 
@@ -288,30 +291,6 @@ def _choose_checkpoint(output) -> tuple[str | None, str | None, str | None]:
     passed_over = "; ".join(f"{bad.file} is damaged ({bad.reason})" for bad in damaged)
     warning = f"{passed_over}; resuming from the previous intact checkpoint {path}" if damaged else None
     return str(path), warning, None
-
-
-def _save(run: RunConfig, state: TrainingState, setup: TrainingSetup, plan: Plan) -> Path:
-    """Save a checkpoint; a write that fails (disk full, no permission, read back wrong)
-    ends the run with WriteFailed naming the checkpoint left intact."""
-    try:
-        if setup.has_mesh:
-            from trainwise.engine.parallel.distributed_checkpoint import save_distributed_checkpoint
-
-            return save_distributed_checkpoint(run.output, state, setup=setup, plan=plan, run=run)
-        return save_checkpoint(run.output, state, model=setup.model, optimizer=setup.optimizer,
-                               scheduler=setup.scheduler, scaler=setup.scaler, plan=plan, run=run)
-    except (OSError, DamagedCheckpoint, RuntimeError) as err:
-        if isinstance(err, RuntimeError) and "PytorchStreamWriter" not in str(err):
-            raise  # torch's file writer reports a failed write as a RuntimeError; other ones are not ours
-        raise WriteFailed(_save_failure(run.output, state.step, err)) from err
-
-
-def _save_failure(output, step: int, err: Exception) -> str:
-    reason = getattr(err, "strerror", None) or first_line(err)
-    previous = latest_checkpoint(output)
-    kept = (f"the previous checkpoint {previous.name} is intact" if previous is not None
-            else "no earlier checkpoint was there to keep")
-    return f"could not save checkpoint step-{step:08d} in {Path(output) / CHECKPOINTS}: {reason}; {kept}"
 
 
 def _live_tensors(setup: TrainingSetup):
