@@ -52,11 +52,13 @@ class StepLog:
     total_steps: int
     outcome: StepValues | None
     step_time_s: float | None
-    samples_per_s: float | None
+    samples_per_s: float | None  # the whole job's
     tokens_per_s: float | None
     mfu: float | None
     peak_allocated: int | None
     eval_loss: float | None = None
+    samples_per_s_per_gpu: float | None = None  # the job's over its processes
+    tokens_per_s_per_gpu: float | None = None
     # CPU seconds this process spent in the step, all its threads together: on a shared
     # machine, with one thread, the step's time when it has a core to itself.
     step_cpu_s: float | None = None
@@ -172,11 +174,12 @@ def _metrics_log(run: RunConfig, plan: Plan, started: int) -> MetricsLog:
 def _step_timer(setup: TrainingSetup, data, plan: Plan, flops_per_step: int | None,
                 peak_flops: float | None) -> StepTimer:
     """The run's timer. Throughput is the whole job's: every data-parallel rank trains its
-    own micro-batches."""
+    own micro-batches; per GPU it is the job's over all its processes."""
     replicas = setup.distributed.layout.data_parallel if setup.distributed is not None else 1
     return StepTimer(samples_per_step=plan.batch_size * plan.grad_accum * replicas,
                      tokens_per_step=data.tokens_per_micro_batch * plan.grad_accum * replicas,
-                     flops_per_step=flops_per_step, peak_flops=peak_flops)
+                     flops_per_step=flops_per_step, peak_flops=peak_flops,
+                     gpus=setup.distributed.world if setup.distributed is not None else 1)
 
 
 def default_timing_warmup(plan: Plan) -> int:
@@ -310,6 +313,7 @@ def _metrics_line(entry: StepLog) -> dict:
     outcome = entry.outcome
     return {"step": entry.step, "loss": outcome.loss, "lr": outcome.lr, "tokens_per_s": entry.tokens_per_s,
             "samples_per_s": entry.samples_per_s, "mfu": entry.mfu, "peak_allocated": entry.peak_allocated,
-            "skipped": outcome.skipped, "grad_norm": outcome.grad_norm, "loss_scale": outcome.loss_scale,
+            "skipped": outcome.skipped, "tokens_per_s_per_gpu": entry.tokens_per_s_per_gpu,
+            "samples_per_s_per_gpu": entry.samples_per_s_per_gpu, "grad_norm": outcome.grad_norm, "loss_scale": outcome.loss_scale,
             "step_time_s": entry.step_time_s, "step_cpu_s": entry.step_cpu_s, "eval_loss": entry.eval_loss,
             "compiled": entry.compiled}
