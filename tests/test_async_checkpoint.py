@@ -89,6 +89,7 @@ def _killed_with_a_save_in_flight(tmp_path, output, metrics) -> tuple[int, list[
     return job.returncode, logged
 
 
+@pytest.mark.fault
 def test_checkpoint_async_is_refused_for_one_process(tmp_path, capsys, fault_log):
     code = main(["train", "tiny-llama", "--device", "cpu", "--steps", "2", "--checkpoint-async",
                  "--output", str(tmp_path / "out")])
@@ -106,7 +107,8 @@ def test_checkpoint_async_is_refused_for_one_process(tmp_path, capsys, fault_log
 @pytest.mark.fault
 def test_a_job_killed_during_an_async_save_resumes_from_the_last_complete_checkpoint_with_the_same_losses(
         tmp_path, monkeypatch, fault_log):
-    """Two gloo ranks, 2 launches (about a minute of CPU)."""
+    """Two gloo ranks, 2 launches (about a minute of CPU). The killed run had logged all 6
+    steps before it was killed, so its losses are an unbroken run's."""
     output, metrics = tmp_path / "run", tmp_path / "metrics.jsonl"
     output.mkdir()
     (output / "notes.txt").write_text("the user's own file\n")
@@ -132,6 +134,11 @@ def test_a_job_killed_during_an_async_save_resumes_from_the_last_complete_checkp
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-6), got["step"]
         assert got["lr"] == pytest.approx(want["lr"], rel=1e-9), got["step"]
     verify_manifest(checkpoints / "step-00000006")
+    # Throughput is the job's (both ranks' samples), per GPU the job's over the 2 processes.
+    summary = json.loads(metrics.read_text().splitlines()[-1])["summary"]
+    assert summary["gpus"] == 2
+    assert summary["tokens_per_s_per_gpu"] == pytest.approx(summary["tokens_per_s"] / 2)
+    assert summary["samples_per_s"] == pytest.approx(2 / summary["step_time_s"])
     assert (output / "final" / "config.json").is_file()
     lost = lost_files(notes, tree_digest(output / "notes.txt"))
     assert lost == 0

@@ -17,7 +17,9 @@ Same place and crash safety as one-device checkpoints (engine/checkpoint.py):
 Rank 0 creates the hidden temporary directory, every rank writes its shards into it, and
 rank 0 renames it into place only after all have finished (a barrier), so a job killed
 mid-save leaves the previous checkpoint as the latest. The directory must be on a
-filesystem every node sees.
+filesystem every node sees. A save is begun (begin_distributed_save: the directory and the
+side files), its shards written (dcp.save here, dcp.async_save in async_checkpoint.py),
+then finished (finish_distributed_save: the manifest, the rename, `latest`).
 
 ZeRO-1's optimizer (ZeroRedundancyOptimizer) is not a DCP-aware optimizer: its state is
 consolidated on rank 0 into trainer_state.pt, and resumes under ZeRO-1 at any world size.
