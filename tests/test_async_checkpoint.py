@@ -139,6 +139,9 @@ def test_a_job_killed_during_an_async_save_resumes_from_the_last_complete_checkp
     assert summary["gpus"] == 2
     assert summary["tokens_per_s_per_gpu"] == pytest.approx(summary["tokens_per_s"] / 2)
     assert summary["samples_per_s"] == pytest.approx(2 / summary["step_time_s"])
+    for line in resumed:
+        if line["tokens_per_s"] is not None:
+            assert line["tokens_per_s_per_gpu"] == pytest.approx(line["tokens_per_s"] / 2)
     assert (output / "final" / "config.json").is_file()
     lost = lost_files(notes, tree_digest(output / "notes.txt"))
     assert lost == 0

@@ -38,10 +38,14 @@ def test_an_estimate_of_a_layout_reports_the_jobs_tokens_per_s_as_plan_json_does
         assert figures["samples_per_s_per_gpu"] == pytest.approx(figures["samples_per_s"] / 4)
 
 
-def test_a_one_device_estimate_is_its_jobs_and_its_gpus_rate(capsys):
-    assert main(["estimate", "tiny-llama", "--device", "H100", "--seq-len", "32", "--batch-size", "2",
-                 "--json"]) == 0
+def test_a_one_device_estimate_is_its_jobs_and_its_gpus_rate_and_says_so(capsys):
+    one_device = ["estimate", "tiny-llama", "--device", "H100", "--seq-len", "32", "--batch-size", "2"]
+    assert main(one_device) == 0
+    table = " ".join(capsys.readouterr().out.split())
+    assert main([*one_device, "--json"]) == 0
     time = json.loads(capsys.readouterr().out)["time"]
+    assert f"predicted throughput: {time['tokens_per_s']:,.0f} tokens/s" in table
+    assert "samples/s (job of one device)" in table
     assert time["gpus"] == 1
     assert time["tokens_per_s"] == pytest.approx(2 * 32 / time["step_s"]) == time["tokens_per_s_per_gpu"]
     assert time["samples_per_s"] == time["samples_per_s_per_gpu"]

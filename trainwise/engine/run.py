@@ -313,7 +313,7 @@ def _metrics_line(entry: StepLog) -> dict:
     outcome = entry.outcome
     return {"step": entry.step, "loss": outcome.loss, "lr": outcome.lr, "tokens_per_s": entry.tokens_per_s,
             "samples_per_s": entry.samples_per_s, "mfu": entry.mfu, "peak_allocated": entry.peak_allocated,
-            "skipped": outcome.skipped, "tokens_per_s_per_gpu": entry.tokens_per_s_per_gpu,
-            "samples_per_s_per_gpu": entry.samples_per_s_per_gpu, "grad_norm": outcome.grad_norm, "loss_scale": outcome.loss_scale,
+            "skipped": outcome.skipped, "grad_norm": outcome.grad_norm, "loss_scale": outcome.loss_scale,
             "step_time_s": entry.step_time_s, "step_cpu_s": entry.step_cpu_s, "eval_loss": entry.eval_loss,
-            "compiled": entry.compiled}
+            "compiled": entry.compiled, "tokens_per_s_per_gpu": entry.tokens_per_s_per_gpu,
+            "samples_per_s_per_gpu": entry.samples_per_s_per_gpu}

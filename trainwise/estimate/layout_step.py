@@ -75,8 +75,8 @@ def layout_step_time(plan, layout: Layout, ranks: list[RankCompute], profile: De
     notes = (*rank.time.notes, *slowest.notes,
              f"the slowest of {len(ranks)} pipeline rank(s) (pipeline rank {rank.view.pipeline_rank}): its compute, the layout's "
              f"communication{', pipeline bubble' if layout.pp > 1 else ''}"
-             f"{', offload' if layout.cpu_offload else ''}; tokens/s and samples/s are the job's ({layout.data_parallel} "
-             f"data-parallel replica(s) on {layout.world} GPU(s)), per GPU the job's over {layout.world}")
+             f"{', offload' if layout.cpu_offload else ''}; tokens/s and samples/s are the job's "
+             f"({layout.data_parallel} data-parallel replica(s) on {layout.world} GPU(s)), per GPU the job's over {layout.world}")
     return LayoutStepTime(step_s=step, tokens_per_s=samples * plan.seq_len / step if step else 0.0,
                           samples_per_s=samples / step if step else 0.0, mfu=mfu, source=rank.time.source,
                           breakdown={k: slowest.breakdown.get(k, 0.0) for k in CATEGORIES},

@@ -15,7 +15,8 @@ class Candidate:
     memory_bytes: predicted device total of the fullest rank (what nvidia-smi would show).
     step_s: predicted seconds per optimizer step; tokens_per_s and samples_per_s the whole
     job's (all data-parallel replicas), tokens_per_s_per_gpu and samples_per_s_per_gpu the
-    job's over its GPUs (`gpus`: the plan's layout's world size, 1 without one). exact: True when both figures come from a full estimate of this very plan,
+    job's over its GPUs (`gpus`: the plan's layout's world size, 1 without one).
+    exact: True when both figures come from a full estimate of this very plan,
     False when composed from cached traces of neighbouring plans (the search's screen).
     changes_math: the allowed techniques this plan uses that change the training math
     (LoRA, 8-bit or Adafactor optimizers, bf16-pure, fp16 where bf16 exists)."""
