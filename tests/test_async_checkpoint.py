@@ -8,7 +8,9 @@ sitecustomize.py on the workers' PYTHONPATH, active only when TRAINWISE_TEST_SLO
 names a folder, wraps DCP's file writer (it runs in the background writer's thread). Its
 first write waits 2 s before writing, so the training steps after it change the weights
 while it is in flight (an unstaged save would write them changed); its second marks
-the folder and then waits 10 minutes, so that save is in flight when the job is killed."""
+the folder and then waits 10 minutes, so that save is in flight when the job is killed.
+With TRAINWISE_TEST_SLOW_SAVES_ONCE set, only the first write waits (3 s, marking the
+folder first) and the later ones write at once."""
 
 from __future__ import annotations
 
@@ -45,10 +47,14 @@ if os.environ.get("TRAINWISE_TEST_SLOW_SAVES") and os.environ.get("RANK") is not
 
     def write_data(self, *args, **kwargs):
         _calls[0] += 1
-        if _calls[0] == 1:
+        folder = pathlib.Path(os.environ["TRAINWISE_TEST_SLOW_SAVES"])
+        if os.environ.get("TRAINWISE_TEST_SLOW_SAVES_ONCE"):
+            if _calls[0] == 1:
+                (folder / ("in-flight-" + os.environ["RANK"])).write_text("")
+                time.sleep(3)
+        elif _calls[0] == 1:
             time.sleep(2)
         else:
-            folder = pathlib.Path(os.environ["TRAINWISE_TEST_SLOW_SAVES"])
             (folder / ("in-flight-" + os.environ["RANK"])).write_text("")
             time.sleep(600)
         return _original(self, *args, **kwargs)
@@ -61,19 +67,25 @@ def _steps(metrics) -> list[dict]:
     return [line for line in map(json.loads, metrics.read_text().splitlines()) if "step" in line]
 
 
-def _killed_with_a_save_in_flight(tmp_path, output, metrics) -> tuple[int, list[dict]]:
-    """Run the job with slow saves; SIGKILL its whole process group (launcher, torchrun, both
-    ranks) once the second save is in flight on both ranks and step 6 is logged. Returns
-    the exit status and the step lines logged before the kill."""
+def _start_with_slow_saves(tmp_path, args: list[str], **env_extra):
+    """The job (`trainwise train` plus `args`) in a session of its own, its ranks' saves slowed
+    by the sitecustomize above; (the process, the folder the hook marks)."""
     hooks, marks = tmp_path / "hooks", tmp_path / "marks"
     hooks.mkdir()
     marks.mkdir()
     (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE)
     env = {**os.environ, "PYTHONPATH": f"{hooks}{os.pathsep}{REPO}", "OMP_NUM_THREADS": "1",
-           "CUDA_VISIBLE_DEVICES": "", "TRAINWISE_TEST_SLOW_SAVES": str(marks)}
-    job = subprocess.Popen([sys.executable, "-m", "trainwise", *RUN, "--output", str(output), "--metrics",
-                            str(metrics)], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           text=True, start_new_session=True)
+           "CUDA_VISIBLE_DEVICES": "", "TRAINWISE_TEST_SLOW_SAVES": str(marks), **env_extra}
+    job = subprocess.Popen([sys.executable, "-m", "trainwise", *args], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return job, marks
+
+
+def _killed_with_a_save_in_flight(tmp_path, output, metrics) -> tuple[int, list[dict]]:
+    """Run the job with slow saves; SIGKILL its whole process group (launcher, torchrun, both
+    ranks) once the second save is in flight on both ranks and step 6 is logged. Returns
+    the exit status and the step lines logged before the kill."""
+    job, marks = _start_with_slow_saves(tmp_path, [*RUN, "--output", str(output), "--metrics", str(metrics)])
     deadline = time.monotonic() + 240
     try:
         while time.monotonic() < deadline and job.poll() is None:
@@ -149,3 +161,41 @@ def test_a_job_killed_during_an_async_save_resumes_from_the_last_complete_checkp
                                  f"while the save of step 4 of {STEPS} is in flight, then --resume",
               exit_code=code, message="resumed from step-00000002 (the last complete checkpoint); steps 3-6 "
                                       "repeated with the unbroken run's losses", lost=lost)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.fault
+def test_a_stop_signal_during_an_async_save_completes_it_before_saving_where_it_stopped(tmp_path, fault_log):
+    """SIGTERM to the launcher while the first save (step 2) is held in flight for 3 s: the
+    job stops with exit 143, and before it ends the save in flight and the stop's own save
+    are complete (each with its manifest, `latest` the stop's, no temporary directory left)."""
+    output, metrics, steps = tmp_path / "run", tmp_path / "metrics.jsonl", 40
+    args = [*RUN[:RUN.index("--steps") + 1], str(steps), *RUN[RUN.index("--steps") + 2:]]
+    job, marks = _start_with_slow_saves(tmp_path, [*args, "--output", str(output), "--metrics", str(metrics)],
+                                        TRAINWISE_TEST_SLOW_SAVES_ONCE="1")
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and job.poll() is None:
+            if len(list(marks.glob("in-flight-*"))) == 2:
+                job.send_signal(signal.SIGTERM)
+                break
+            time.sleep(0.02)
+        stderr = job.communicate(timeout=240)[1]
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    stopped_after = len(_steps(metrics))
+    assert 2 <= stopped_after < steps
+    checkpoints = output / "checkpoints"
+    saved = sorted(p.name for p in checkpoints.glob("step-*"))
+    assert saved[-1] == f"step-{stopped_after:08d}"
+    for name in saved:
+        verify_manifest(checkpoints / name)
+    assert latest_checkpoint(output) == checkpoints / f"step-{stopped_after:08d}"
+    assert not [p.name for p in checkpoints.iterdir() if p.name.startswith(".step-")]  # none left in flight
+    line = next(line for line in stderr.splitlines() if line.startswith("trainwise: stopped by SIGTERM"))
+    fault_log(kind="fault", case="SIGTERM to `trainwise train --nproc 2 --checkpoint-async --save-every 2` (gloo) "
+                                 "while the save of step 2 is in flight",
+              exit_code=job.returncode, message=line.replace(str(output), "OUT"), lost=0)
