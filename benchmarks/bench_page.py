@@ -82,7 +82,7 @@ def render(rows: list[dict], args, chart: str) -> str:
              "error = (predicted - measured) / measured. vs HF Trainer: ratio of the medians, shown only where "
              f"both engines' spreads are within {spread_text(SPREAD_LIMIT)} and the machine was not busy when "
              "their runs started (other processes' load beyond half a CPU).", "",
-             "| row | engine | status | samples/s (median) | spread | repeats | tokens/s (median run) | peak alloc measured "
+             "| row | engine | status | samples/s (median) | spread | repeats | tokens/s (job of one device, median run) | peak alloc measured "
              "| predicted | error | vs HF Trainer |",
              "|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     for r in rows:

@@ -68,7 +68,13 @@ def render(records: list[dict], prov: dict) -> str:
              f"- Runs or files lost: {lost}", "",
              "Exit codes: 0 success; 1 an unexpected error; 2 bad input (one line naming the field, before any "
              "long work); 3 out of memory; 4 a checkpoint or result could not be written (what was there is "
-             "intact); 128 + N stopped by signal N after saving (see docs/train.md).", ""]
+             "intact); 128 + N stopped by signal N after saving (see docs/train.md).", "",
+             "Checkpoints: a checkpoint's manifest is written last, and `--resume` falls back past a damaged "
+             "checkpoint to the previous intact one. Asynchronous saves (`--checkpoint-async`, runs of several "
+             "processes) write in the background while training goes on, one at a time; the manifest and the "
+             "rename into place wait until every rank's shards are on disk, so a job killed with a save in flight "
+             "resumes from the previous complete checkpoint. Their cost: a host-memory copy of each rank's shards "
+             "while a save is in flight (docs/train.md).", ""]
     for kind, title in (("fault", "Faults"), ("bad input", "Bad inputs")):
         rows = [r for r in records if r["kind"] == kind]
         lines += [f"## {title} ({len(rows)})", "", "| case | exit code | what trainwise said | lost | test |",

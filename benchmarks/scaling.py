@@ -201,7 +201,7 @@ def _markdown(rows: list[dict], args) -> str:
              f"{spread_text(SPREAD_LIMIT)} or a launch started on a busy machine (other processes' load beyond "
              "half a CPU), so compare that time with care. samples/s, memory (rank 0's peak allocated) and the "
              "final loss are the median launch's. Predicted is `trainwise estimate` for rank 0.", "",
-             "| layout | processes | status | s/step | spread | launches (s/step) | samples/s "
+             "| layout | processes | status | s/step | spread | launches (s/step) | samples/s (job) "
              "| peak allocated rank 0 | predicted | error | final loss |",
              "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     for r in rows:

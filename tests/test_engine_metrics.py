@@ -224,6 +224,16 @@ def test_timer_rates_leave_out_untimed_steps():
     assert summary["rates_include_warmup"] is False
 
 
+def test_timer_rates_are_the_whole_jobs_with_the_per_gpu_rates_beside_them():
+    timer = StepTimer(samples_per_step=8, tokens_per_step=800, flops_per_step=None, peak_flops=None, gpus=4)
+    timer.record(2.0, timed=True)
+    summary = timer.summary(2.0)
+    assert (summary["samples_per_s"], summary["tokens_per_s"]) == (4, 400)  # the job's: 8 samples in 2 s
+    assert (summary["samples_per_s_per_gpu"], summary["tokens_per_s_per_gpu"], summary["gpus"]) == (1, 100, 4)
+    assert timer.rates(None) == dict.fromkeys(("samples_per_s", "tokens_per_s", "samples_per_s_per_gpu",
+                                               "tokens_per_s_per_gpu"))
+
+
 def test_timer_without_timed_steps_falls_back_to_all_and_flags_it():
     timer = StepTimer(samples_per_step=2, tokens_per_step=20, flops_per_step=None, peak_flops=None)
     timer.record(2.0, timed=False)

@@ -3,7 +3,7 @@ the estimator as the judge of each plan.
 
     report = plan_search("Llama-3.1-8B", Plan(device="H100", seq_len=2048), fixed={"seq_len", "device"},
                          global_batch=64)
-    report.result.ranked[0].plan, report.result.ranked[0].tokens_per_s
+    report.result.ranked[0].plan, report.result.ranked[0].tokens_per_s  # the whole job's; per GPU: tokens_per_s_per_gpu
 
 Everything that can be refused is refused before the first trace (exit 2, one line)."""
 

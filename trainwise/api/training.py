@@ -3,7 +3,7 @@
     from trainwise.api import train
     result = train("tiny-llama", plan=Plan(batch_size=8, seq_len=128, device="cpu"),
                    run=RunConfig(steps=50))
-    result.summary["tokens_per_s"], result.predicted["peak_allocated"]
+    result.summary["tokens_per_s"], result.predicted["peak_allocated"]  # tokens/s: the whole job's
 
 `model` is a catalog name, a local Hugging Face directory (its weights are loaded when it
 has them), a Hub id, `package.module:function`, a ModelSpec, a transformers model you

@@ -43,9 +43,9 @@ def _columns(rows: list[dict]) -> list[tuple]:
     baseline = {r["name"]: r for r in rows if r["engine"] == "hf-trainer"}
     columns = [("row", lambda r: r["name"]), ("engine", lambda r: r["engine"]), ("status", _status),
                ("time (s)", lambda r: _num(r.get("time_s"), ".1f")),
-               ("samples/s (median)", lambda r: _num(r.get("samples_per_s"), ",.1f")),
+               ("samples/s (job, median)", lambda r: _num(r.get("samples_per_s"), ",.1f")),
                ("spread", _spread),
-               ("tokens/s", lambda r: _num(r.get("tokens_per_s"), ",.0f"))]
+               ("tokens/s (job)", lambda r: _num(r.get("tokens_per_s"), ",.0f"))]
     if any(r.get("mfu") is not None for r in rows):
         columns.append(("MFU", lambda r: f"{100 * r['mfu']:.1f} %" if r.get("mfu") is not None else "n/a"))
     columns += _memory_columns("peak alloc", "peak_allocated", with_error=True)

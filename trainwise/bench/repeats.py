@@ -14,7 +14,8 @@ from typing import Callable
 from trainwise.common.noise import Spread
 
 # Each run's figures, kept in the row's "runs".
-RUN_KEYS = ("time_s", "samples_per_s", "tokens_per_s", "mfu", "step_times_s")
+RUN_KEYS = ("time_s", "samples_per_s", "tokens_per_s", "samples_per_s_per_gpu", "tokens_per_s_per_gpu", "mfu",
+            "step_times_s")
 
 
 def run_repeatedly(run_once: Callable[[], dict], repeat: int, busy: Callable[[], str | None]) -> dict:
@@ -45,7 +46,7 @@ def combine_runs(rows: list[dict], busy: str | None) -> dict:
     if spread.median and chosen.get("samples_per_s"):
         # Rates of the same steps scale together: tokens/s and MFU follow samples/s.
         scale = spread.median / chosen["samples_per_s"]
-        for key in ("samples_per_s", "tokens_per_s", "mfu"):
+        for key in ("samples_per_s", "tokens_per_s", "samples_per_s_per_gpu", "tokens_per_s_per_gpu", "mfu"):
             chosen[key] = chosen[key] * scale if chosen.get(key) is not None else None
     times = [r["time_s"] for r in rows if r.get("time_s") is not None]
     chosen["time_s"] = statistics.median(times) if times else None

@@ -13,7 +13,8 @@ from trainwise.common.atomic import atomic_write_text
 from trainwise.common.errors import InputError
 
 JSON_FILE, CSV_FILE = "results.json", "results.csv"
-CSV_COLUMNS = ["name", "engine", "status", "reason", "time_s", "samples_per_s", "tokens_per_s", "mfu",
+CSV_COLUMNS = ["name", "engine", "status", "reason", "time_s", "samples_per_s", "tokens_per_s", "samples_per_s_per_gpu",
+               "tokens_per_s_per_gpu", "mfu",
                *[f"measured_{k}" for k in MEMORY_KEYS], *[f"predicted_{k}" for k in MEMORY_KEYS],
                "error_pct_peak_allocated", "error_pct_device_total", "memory_method", "model", "plan", "notes",
                "spread_pct", "samples", "busy", "vs_baseline_ratio", "vs_baseline_withheld"]

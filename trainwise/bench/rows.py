@@ -6,6 +6,9 @@ import json
 from pathlib import Path
 
 MEMORY_KEYS = ("peak_allocated", "peak_reserved", "device_total")
+# A row's rates are its run's: samples/s and tokens/s the whole job's (a bench row runs on
+# one device, so the job's and the per-GPU figures are one), per GPU beside them.
+RATE_KEYS = ("time_s", "samples_per_s", "tokens_per_s", "samples_per_s_per_gpu", "tokens_per_s_per_gpu", "mfu")
 ENGINES = ("trainwise", "hf-trainer")
 # Knobs every row shows even at their defaults: a ladder is about these.
 SHOWN_KNOBS = ("batch_size", "grad_accum", "seq_len", "precision", "optim")
@@ -18,7 +21,8 @@ def row_plan(plan) -> dict:
 
 def empty_row(name: str, plan: dict, engine: str, status: str, reason: str = "") -> dict:
     return {"name": name, "plan": plan, "engine": engine, "status": status, "reason": reason,
-            "time_s": None, "samples_per_s": None, "tokens_per_s": None, "mfu": None,
+            "time_s": None, "samples_per_s": None, "tokens_per_s": None, "samples_per_s_per_gpu": None,
+            "tokens_per_s_per_gpu": None, "mfu": None,
             "measured": {k: None for k in MEMORY_KEYS}, "predicted": {k: None for k in MEMORY_KEYS},
             "error_pct": {"peak_allocated": None, "device_total": None}, "memory_method": None, "notes": []}
 
@@ -26,7 +30,7 @@ def empty_row(name: str, plan: dict, engine: str, status: str, reason: str = "")
 def row_from_summary(name: str, plan: dict, engine: str, summary: dict, predicted: dict | None) -> dict:
     """An "ok" row from a metrics summary (measured) and the estimate (predicted)."""
     row = empty_row(name, plan, engine, "ok")
-    for key in ("time_s", "samples_per_s", "tokens_per_s", "mfu"):
+    for key in RATE_KEYS:
         row[key] = summary.get(key)
     row["measured"] = {k: summary.get(k) for k in MEMORY_KEYS}
     row["memory_method"] = summary.get("memory_method")

@@ -27,7 +27,7 @@ def render_bench(rows: list[dict], console: Console, out) -> None:
     measured_total = any(r["measured"].get("device_total") is not None for r in rows)
     has_mfu = any(r.get("mfu") is not None for r in rows)
     baseline = {r["name"]: r for r in rows if r["engine"] == "hf-trainer"}
-    columns = ["row", "engine", "status", "time (s)", "samples/s\n(median)", "spread", "tokens/s"] + (
+    columns = ["row", "engine", "status", "time (s)", "samples/s\n(job, median)", "spread", "tokens/s\n(job)"] + (
         ["MFU"] if has_mfu else []) + [
         "peak alloc\nmeasured", "peak alloc\npredicted", "error"]
     if measured_reserved:

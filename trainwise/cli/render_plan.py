@@ -31,7 +31,7 @@ def write_outputs(report, out_dir: str | None) -> list[str | None]:
 def _time_phrase(candidate) -> str:
     if math.isnan(candidate.step_s):
         return ""
-    return f", {candidate.step_s:.3g} s per step, {candidate.tokens_per_s:,.0f} tokens/s"
+    return f", {candidate.step_s:.3g} s per step, {candidate.tokens_per_s:,.0f} tokens/s (job)"
 
 
 def _number(value, digits: str) -> str:
@@ -48,12 +48,12 @@ def render_plan(report, paths: list[str | None], console, launch: Launch | None 
                   f"{result.evaluations} estimates, {report.seconds:.1f} s; fit: predicted device total <= {usable} "
                   f"({report.margin * 100:.0f} % margin)")
     table = Table(show_header=True, header_style="bold")
-    for column in ("#", "device memory (predicted)", "step (s, predicted)", "tokens/s (predicted)", "MFU (predicted)",
-                   "changes math"):
+    for column in ("#", "device memory (predicted)", "step (s, predicted)", "tokens/s (job, predicted)",
+                   "tokens/s per GPU (predicted)", "MFU (predicted)", "changes math"):
         table.add_column(column)
     for rank, candidate in enumerate(result.ranked, 1):
         table.add_row(str(rank), human_bytes(candidate.memory_bytes), _number(candidate.step_s, ".3g"),
-                      _number(candidate.tokens_per_s, ",.0f"),
+                      _number(candidate.tokens_per_s, ",.0f"), _number(candidate.tokens_per_s_per_gpu, ",.0f"),
                       "-" if candidate.mfu is None else f"{candidate.mfu * 100:.0f} %",
                       ", ".join(candidate.changes_math) or "no")
     console.print(table)
@@ -73,9 +73,11 @@ def render_plan(report, paths: list[str | None], console, launch: Launch | None 
 def candidate_json(candidate, model: str | Launch, path: str | None) -> dict:
     nan_free = {k: (None if isinstance(v, float) and math.isnan(v) else v)
                 for k, v in (("step_s", candidate.step_s), ("tokens_per_s", candidate.tokens_per_s),
-                             ("samples_per_s", candidate.samples_per_s))}
+                             ("samples_per_s", candidate.samples_per_s),
+                             ("tokens_per_s_per_gpu", candidate.tokens_per_s_per_gpu),
+                             ("samples_per_s_per_gpu", candidate.samples_per_s_per_gpu))}
     return {"plan": candidate.plan.to_dict(), "memory_bytes": candidate.memory_bytes, **nan_free,
-            "mfu": candidate.mfu, "breakdown": candidate.breakdown, "exact": candidate.exact,
+            "gpus": candidate.gpus, "mfu": candidate.mfu, "breakdown": candidate.breakdown, "exact": candidate.exact,
             "source": "predicted", "changes_math": list(candidate.changes_math),
             "flags": train_flags(candidate.plan, model), "plan_file": path}
 

@@ -39,11 +39,19 @@ def render_step_time(result: EstimateResult, console: Console) -> None:
     console.print(table)
     mfu = f"MFU {100 * time.mfu:.0f} % (of the catalog peak, predicted)" if time.mfu is not None else \
         "MFU not shown (no catalog peak)"
-    console.print(f"predicted throughput: {time.tokens_per_s:,.0f} tokens/s, {time.samples_per_s:,.2f} samples/s "
-                  f"on this device; {mfu}")
+    console.print(f"predicted throughput: {_rates(time)}; {mfu}")
     _render_collectives(getattr(time, "collectives", ()), console)
     for note in time.notes:
         console.print(f"time note: {note}")
+
+
+def _rates(time) -> str:
+    """Tokens and samples per second, the job's and per GPU where the job has several."""
+    job = f"{time.tokens_per_s:,.0f} tokens/s, {time.samples_per_s:,.2f} samples/s"
+    if time.gpus == 1:
+        return job + " (job of one device)"
+    return (f"{job} (job, {time.gpus} GPUs); {time.tokens_per_s_per_gpu:,.0f} tokens/s, "
+            f"{time.samples_per_s_per_gpu:,.2f} samples/s per GPU")
 
 
 def _render_collectives(collectives, console: Console) -> None:

@@ -66,7 +66,7 @@ def step_text(entry: StepLog) -> str:
     outcome = entry.outcome
     parts = [f"loss {outcome.loss:.4f}"]
     if entry.tokens_per_s is not None:  # None on a GPU until the step's timing window closes
-        parts += [f"{entry.tokens_per_s:,.0f} tok/s", f"{entry.samples_per_s:,.1f} samples/s"]
+        parts += [f"{entry.tokens_per_s:,.0f} tok/s (job)", f"{entry.samples_per_s:,.1f} samples/s (job)"]
     parts.append(f"MFU {100 * entry.mfu:.1f} %" if entry.mfu is not None else "MFU n/a")
     if entry.peak_allocated is not None:
         parts.append(f"peak {human_bytes(entry.peak_allocated)}")
@@ -88,8 +88,10 @@ def render_summary(result: TrainResult, console: Console) -> None:
     if summary.get("compile_s") is not None:
         table.add_row(f"compile (s, {summary['compile_steps']} step(s), not in rates)", f"{summary['compile_s']:.2f}",
                       "", "")
-    table.add_row("samples/s", _rate(summary.get("samples_per_s")), "", "")
-    table.add_row("tokens/s", _rate(summary.get("tokens_per_s")), "", "")
+    table.add_row("samples/s (job)", _rate(summary.get("samples_per_s")), "", "")
+    table.add_row("tokens/s (job)", _rate(summary.get("tokens_per_s")), "", "")
+    if (summary.get("gpus") or 1) > 1:
+        table.add_row(f"tokens/s per GPU (of {summary['gpus']})", _rate(summary.get("tokens_per_s_per_gpu")), "", "")
     mfu = summary.get("mfu")
     table.add_row("MFU", f"{100 * mfu:.1f} %" if mfu is not None else "n/a", "", "")
     for key, label in (("peak_allocated", "peak allocated"), ("peak_reserved", "peak reserved"),

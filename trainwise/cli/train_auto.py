@@ -80,7 +80,8 @@ def _searched(request: AutoRequest, plan: Plan, model: str, device_name: str, ta
     best = report.result.ranked[0]
     if request.verify:
         best = _measured_best(request, report, model)
-    speed = "" if math.isnan(best.step_s) else f", {best.step_s:.3g} s per step, {best.tokens_per_s:,.0f} tokens/s"
+    speed = ("" if math.isnan(best.step_s)
+             else f", {best.step_s:.3g} s per step, {best.tokens_per_s:,.0f} tokens/s (job)")
     print(f"--plan auto chose (of {len(report.result.screened)} plans, {report.seconds:.1f} s): predicted "
           f"{human_bytes(best.memory_bytes)} device total{speed}", file=sys.stderr)
     print(f"--plan auto trains: {train_flags(best.plan, model)}", file=sys.stderr)

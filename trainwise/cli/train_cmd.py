@@ -42,7 +42,6 @@ def run(args) -> int:
     from trainwise.engine.runtime import runtime_device
     from trainwise.engine.parallel.launch import launch_local, should_launch
     from trainwise.engine.parallel.mesh import stop_distributed
-    from trainwise.engine.parallel.restarts import check_restart_request
     from trainwise.models import resolve_model
     from trainwise.plan.layout import resolve_layout
     from trainwise.cli.render_train import StepProgress, render_header, render_summary
@@ -59,8 +58,7 @@ def run(args) -> int:
         chosen = {**from_file, **typed_values(args, plan.specs())}
         plan = plan.replace(**{k: v for k, v in DEMO_KNOBS.items() if k not in chosen})
     run_config = RunConfig.from_dict(typed_values(args, RunConfig.specs()))
-    check_reports(run_config)
-    warning = check_restart_request(run_config, plan.nproc)
+    warning = _check_run_settings(run_config, plan.nproc)
     # With no --device anywhere, train on what is here (the Plan's default names CUDA).
     explicit = "device" in vars(args) or "device" in from_file
     if auto.plan or auto.batch:  # chosen for the device this run will use
@@ -94,6 +92,17 @@ def run(args) -> int:
         stop_distributed()
     render_summary(result, console)
     return 0
+
+
+def _check_run_settings(run_config: RunConfig, nproc: int) -> str | None:
+    """Refuse run settings that cannot work, before any process starts; the restart warning, if any."""
+    from trainwise.engine.checkpoint_saves import check_async_request
+    from trainwise.engine.parallel.mesh import under_torchrun
+    from trainwise.engine.parallel.restarts import check_restart_request
+
+    check_reports(run_config)
+    check_async_request(run_config, nproc > 1 or under_torchrun())
+    return check_restart_request(run_config, nproc)
 
 
 def _continue_after_restart(run_config: RunConfig) -> RunConfig:

@@ -20,8 +20,8 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from trainwise.engine.checkpoint import (CHECKPOINTS, TrainingState, latest_checkpoint, restore_checkpoint,
-                                         resumable_checkpoint, save_checkpoint)
-from trainwise.engine.checkpoint_manifest import DamagedCheckpoint
+                                         resumable_checkpoint)
+from trainwise.engine.checkpoint_saves import CheckpointSaves, check_async_request
 from trainwise.engine.compile_cache import compile_cache_dir, compile_events
 from trainwise.engine.evaluate import evaluate
 from trainwise.engine.export import export_final
@@ -35,7 +35,7 @@ from trainwise.engine.step_accounts import StepAccounts
 from trainwise.engine.setup import TrainingSetup
 from trainwise.engine.step_values import StepValues
 from trainwise.engine.train_step import training_step
-from trainwise.common.errors import InputError, WriteFailed, first_line
+from trainwise.common.errors import InputError
 from trainwise.plan.plan import Plan
 from trainwise.step.fused_loss_model import loss_implementation
 
@@ -52,11 +52,13 @@ class StepLog:
     total_steps: int
     outcome: StepValues | None
     step_time_s: float | None
-    samples_per_s: float | None
+    samples_per_s: float | None  # the whole job's
     tokens_per_s: float | None
     mfu: float | None
     peak_allocated: int | None
     eval_loss: float | None = None
+    samples_per_s_per_gpu: float | None = None  # the job's over its processes
+    tokens_per_s_per_gpu: float | None = None
     # CPU seconds this process spent in the step, all its threads together: on a shared
     # machine, with one thread, the step's time when it has a core to itself.
     step_cpu_s: float | None = None
@@ -103,6 +105,7 @@ def run_training(setup: TrainingSetup, data, plan: Plan, run: RunConfig, *, flop
 
 def _run(setup: TrainingSetup, data, plan: Plan, run: RunConfig, flops_per_step: int | None,
          peak_flops: float | None, on_step: Callable[[StepLog], None] | None, stops: StopSignals) -> RunOutcome:
+    check_async_request(run, setup.has_mesh)
     state = _resume_state(setup, run, plan)
     started = state.step
     batches = _CountingIterator(iter(data.micro_batches(start=state.micro_batches_consumed)),
@@ -117,6 +120,7 @@ def _run(setup: TrainingSetup, data, plan: Plan, run: RunConfig, flops_per_step:
     accounts = StepAccounts(state, timer, first_timed=started + warmup,
                             untimed={probe_step} if setup.device.type == "cpu" else set())
     pending, eval_loss, checkpoint, stop_signal = PendingSteps(setup.device), None, None, None
+    saves = CheckpointSaves(run, setup, plan)
     run_started = time.perf_counter()
     for step in range(started, run.steps):
         probe.step_begin(step, _live_tensors(setup))
@@ -140,7 +144,7 @@ def _run(setup: TrainingSetup, data, plan: Plan, run: RunConfig, flops_per_step:
         if on_step:
             on_step(entry)
         if _saves_at(step, run):
-            checkpoint = _save(run, accounts.state, setup, plan)
+            checkpoint = saves.save(accounts.state)  # under --checkpoint-async: in flight
         pending.restart_clock()
         stop_signal = stops.requested() if step + 1 < run.steps else None
         if stop_signal:
@@ -150,7 +154,7 @@ def _run(setup: TrainingSetup, data, plan: Plan, run: RunConfig, flops_per_step:
             break
     total_time = time.perf_counter() - run_started
     state = accounts.state
-    checkpoint, exports = _final_save(run, setup, plan, state, started, checkpoint, stop_signal)
+    checkpoint, exports = _final_save(run, setup, saves, state, started, saves.wait() or checkpoint, stop_signal)
     final_loss = accounts.last.loss if accounts.last else state.extra.get("last_loss")
     summary = _summary({**timer.summary(total_time), "compile_cache": compile_cache_dir() if plan.compile else None},
                        probe.snapshot(), final_loss, state, started, eval_loss, stop_signal,
@@ -170,11 +174,12 @@ def _metrics_log(run: RunConfig, plan: Plan, started: int) -> MetricsLog:
 def _step_timer(setup: TrainingSetup, data, plan: Plan, flops_per_step: int | None,
                 peak_flops: float | None) -> StepTimer:
     """The run's timer. Throughput is the whole job's: every data-parallel rank trains its
-    own micro-batches."""
+    own micro-batches; per GPU it is the job's over all its processes."""
     replicas = setup.distributed.layout.data_parallel if setup.distributed is not None else 1
     return StepTimer(samples_per_step=plan.batch_size * plan.grad_accum * replicas,
                      tokens_per_step=data.tokens_per_micro_batch * plan.grad_accum * replicas,
-                     flops_per_step=flops_per_step, peak_flops=peak_flops)
+                     flops_per_step=flops_per_step, peak_flops=peak_flops,
+                     gpus=setup.distributed.world if setup.distributed is not None else 1)
 
 
 def default_timing_warmup(plan: Plan) -> int:
@@ -204,19 +209,20 @@ def _one_step(setup: TrainingSetup, batches, plan: Plan, run: RunConfig):
     return outcome, compile_events() > compiles_before
 
 
-def _final_save(run: RunConfig, setup: TrainingSetup, plan: Plan, state: TrainingState, started: int,
+def _final_save(run: RunConfig, setup: TrainingSetup, saves: CheckpointSaves, state: TrainingState, started: int,
                 checkpoint: Path | None, stop_signal: int | None) -> tuple[Path | None, dict]:
     """(the run's last checkpoint, its exports). A run stopped by a signal saves where it
     stopped (unless that step was just saved) and exports nothing; a run that trained saves
-    and exports; one that trained nothing names the checkpoint it resumed from."""
+    and exports; one that trained nothing names the checkpoint it resumed from. A save in
+    flight was completed before (`saves.wait()`)."""
     if not run.output:
         return checkpoint, {}
     if stop_signal:
         if checkpoint is None or checkpoint.name != f"step-{state.step:08d}":
-            checkpoint = _save(run, state, setup, plan)
+            checkpoint = saves.save_now(state)
         return checkpoint, {}
     if state.step > started:
-        checkpoint = _save(run, state, setup, plan)
+        checkpoint = saves.save_now(state)
         return checkpoint, _export(run, setup, checkpoint)
     return latest_checkpoint(run.output), {}
 
@@ -290,30 +296,6 @@ def _choose_checkpoint(output) -> tuple[str | None, str | None, str | None]:
     return str(path), warning, None
 
 
-def _save(run: RunConfig, state: TrainingState, setup: TrainingSetup, plan: Plan) -> Path:
-    """Save a checkpoint; a write that fails (disk full, no permission, read back wrong)
-    ends the run with WriteFailed naming the checkpoint left intact."""
-    try:
-        if setup.has_mesh:
-            from trainwise.engine.parallel.distributed_checkpoint import save_distributed_checkpoint
-
-            return save_distributed_checkpoint(run.output, state, setup=setup, plan=plan, run=run)
-        return save_checkpoint(run.output, state, model=setup.model, optimizer=setup.optimizer,
-                               scheduler=setup.scheduler, scaler=setup.scaler, plan=plan, run=run)
-    except (OSError, DamagedCheckpoint, RuntimeError) as err:
-        if isinstance(err, RuntimeError) and "PytorchStreamWriter" not in str(err):
-            raise  # torch's file writer reports a failed write as a RuntimeError; other ones are not ours
-        raise WriteFailed(_save_failure(run.output, state.step, err)) from err
-
-
-def _save_failure(output, step: int, err: Exception) -> str:
-    reason = getattr(err, "strerror", None) or first_line(err)
-    previous = latest_checkpoint(output)
-    kept = (f"the previous checkpoint {previous.name} is intact" if previous is not None
-            else "no earlier checkpoint was there to keep")
-    return f"could not save checkpoint step-{step:08d} in {Path(output) / CHECKPOINTS}: {reason}; {kept}"
-
-
 def _live_tensors(setup: TrainingSetup):
     """Tensors alive at a step's start: what the CPU memory probe counts as its baseline.
     (DDP's gradient buckets are held in C++ by its reducer and are not among them.)"""
@@ -333,4 +315,5 @@ def _metrics_line(entry: StepLog) -> dict:
             "samples_per_s": entry.samples_per_s, "mfu": entry.mfu, "peak_allocated": entry.peak_allocated,
             "skipped": outcome.skipped, "grad_norm": outcome.grad_norm, "loss_scale": outcome.loss_scale,
             "step_time_s": entry.step_time_s, "step_cpu_s": entry.step_cpu_s, "eval_loss": entry.eval_loss,
-            "compiled": entry.compiled}
+            "compiled": entry.compiled, "tokens_per_s_per_gpu": entry.tokens_per_s_per_gpu,
+            "samples_per_s_per_gpu": entry.samples_per_s_per_gpu}

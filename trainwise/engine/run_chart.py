@@ -48,11 +48,11 @@ def chart_png(lines: list[dict], summary: dict) -> bytes:
         loss_axis.plot(*zip(*evals), "o-", label="evaluation loss (measured)")
     loss_axis.set_ylabel("loss")
     loss_axis.legend()
-    speed_axis.plot(steps, [_value(line, "tokens_per_s") for line in lines], label="tokens/s per step (measured)")
+    speed_axis.plot(steps, [_value(line, "tokens_per_s") for line in lines], label="tokens/s (job) per step (measured)")
     if summary.get("tokens_per_s"):
         speed_axis.axhline(summary["tokens_per_s"], color="black", linestyle="--",
                            label="run, timed steps (measured)")
-    speed_axis.set_ylabel("tokens/s")
+    speed_axis.set_ylabel("tokens/s (job)")
     speed_axis.set_xlabel("optimizer step")
     speed_axis.legend()
     figure.tight_layout()

@@ -39,6 +39,11 @@ class RunConfig:
     output: str | None = knob(None, "directory for checkpoints and the final model", optional=True, kind=str)
     save_every: int = knob(0, "save a checkpoint every N steps (0: only at the end)", minimum=0)
     resume: bool = knob(False, "continue from the latest good checkpoint in --output")
+    # Off by default: an asynchronous save holds a host-memory copy of each rank's shards
+    # while it writes, which no preflight checks (a synchronous save writes from the tensors).
+    checkpoint_async: bool = knob(False, "with --nproc: write --save-every checkpoints in the background while "
+                                         "training goes on (one in flight at a time; each rank holds a copy of its "
+                                         "shards in host memory until written); the last save is synchronous")
     max_restarts: int = knob(0, "with --nproc: restart the whole job up to N times when a process fails, "
                                 "continuing from the newest checkpoint in --output", minimum=0)
     seed: int = knob(0, "random seed (model init, data order, dropout)", minimum=0)

@@ -44,11 +44,9 @@ class StepAccounts:
         """StepLog's time fields of `step` (seconds, per second, MFU a fraction): None
         until its timing window has closed."""
         if step not in self.times:
-            return dict.fromkeys(("step_time_s", "samples_per_s", "tokens_per_s", "mfu", "step_cpu_s"))
+            return {**self.timer.rates(None), **dict.fromkeys(("step_time_s", "mfu", "step_cpu_s"))}
         wall, cpu = self.times[step]
-        timer = self.timer
-        return {"step_time_s": wall, "samples_per_s": timer.samples_per_step / wall,
-                "tokens_per_s": timer.tokens_per_step / wall, "mfu": timer.mfu_for(wall), "step_cpu_s": cpu}
+        return {"step_time_s": wall, **self.timer.rates(wall), "mfu": self.timer.mfu_for(wall), "step_cpu_s": cpu}
 
     def read(self, read: list, consumed: int, plan: Plan, run: RunConfig) -> StepValues:
         """Check the steps just read (stop on a non-finite loss), advance the state to the

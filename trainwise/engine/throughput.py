@@ -17,11 +17,15 @@ class StepTimer:
     compiled or loaded code from its cache during them) are summed apart as compile_s and
     are never timed. `flops_per_step` is the counted model FLOPs
     of one optimizer step (FlopCount.total x grad_accum); `peak_flops` the device's peak
-    FLOP/s for the plan's precision (flops.peak_flops_for); either None: no MFU."""
+    FLOP/s for the plan's precision (flops.peak_flops_for); either None: no MFU.
+
+    `samples_per_step` and `tokens_per_step` are the whole job's (every data-parallel
+    replica's), so `samples_per_s` and `tokens_per_s` are the job's; `gpus` is the job's
+    device count (its processes), and the `*_per_gpu` rates are the job's over them."""
 
     def __init__(self, *, samples_per_step: int, tokens_per_step: int, flops_per_step: int | None,
-                 peak_flops: float | None):
-        self.samples_per_step, self.tokens_per_step = samples_per_step, tokens_per_step
+                 peak_flops: float | None, gpus: int = 1):
+        self.samples_per_step, self.tokens_per_step, self.gpus = samples_per_step, tokens_per_step, gpus
         self.flops_per_step, self.peak_flops = flops_per_step, peak_flops
         self.timed: list[float] = []
         self.untimed: list[float] = []
@@ -36,6 +40,15 @@ class StepTimer:
             return None
         return mfu(self.flops_per_step / seconds, self.peak_flops)
 
+    def rates(self, seconds: float | None) -> dict:
+        """samples_per_s and tokens_per_s of the job, and per GPU, for steps of `seconds`
+        (None without a step time)."""
+        if not seconds:
+            return dict.fromkeys(("samples_per_s", "tokens_per_s", "samples_per_s_per_gpu", "tokens_per_s_per_gpu"))
+        samples, tokens = self.samples_per_step / seconds, self.tokens_per_step / seconds
+        return {"samples_per_s": samples, "tokens_per_s": tokens, "samples_per_s_per_gpu": samples / self.gpus,
+                "tokens_per_s_per_gpu": tokens / self.gpus}
+
     def summary(self, total_time_s: float) -> dict:
         """time_s (the whole run, seconds), the rates over the timed steps, the mean
         step time (seconds), how many steps were timed and each timed step's seconds
@@ -45,9 +58,7 @@ class StepTimer:
         compute included), `compile_steps` how many; None and 0 when nothing compiled."""
         durations = self.timed or self.untimed or self.compiling
         per_step = sum(durations) / len(durations) if durations else None
-        return {"time_s": total_time_s,
-                "samples_per_s": self.samples_per_step / per_step if per_step else None,
-                "tokens_per_s": self.tokens_per_step / per_step if per_step else None,
+        return {"time_s": total_time_s, **self.rates(per_step), "gpus": self.gpus,
                 "mfu": self.mfu_for(per_step) if per_step else None,
                 "step_time_s": per_step,
                 "timed_steps": len(self.timed),

@@ -57,7 +57,8 @@ def chunk_seconds(time: StepTime, passes: int) -> tuple[float, float, float, dic
 def layout_step_time(plan, layout: Layout, ranks: list[RankCompute], profile: DeviceProfile | None,
                      topology: Topology, hidden_size: int) -> LayoutStepTime | None:
     """The layout's step time: every pipeline rank's layout time, the slowest's as the step
-    (seconds per optimizer step; tokens/s and samples/s one data-parallel replica's)."""
+    (seconds per optimizer step; tokens/s and samples/s the whole job's: every
+    data-parallel replica's samples, over all `layout.world` GPUs)."""
     if profile is None or not ranks or any(r.time is None for r in ranks):
         return None
     passes = plan.grad_accum * layout.microbatches
@@ -68,17 +69,18 @@ def layout_step_time(plan, layout: Layout, ranks: list[RankCompute], profile: De
                                            forward, backward, optimizer, breakdown), rank))
     slowest, rank = max(timed, key=lambda pair: pair[0].step_s)
     step = slowest.step_s
-    samples = plan.batch_size * plan.grad_accum
+    samples = plan.batch_size * plan.grad_accum * layout.data_parallel
     flops_s = [r.time.mfu * r.time.step_s for _, r in timed if r.time.mfu is not None]
     mfu = sum(flops_s) / (layout.pp * step) if flops_s and step > 0 else None
     notes = (*rank.time.notes, *slowest.notes,
              f"the slowest of {len(ranks)} pipeline rank(s) (pipeline rank {rank.view.pipeline_rank}): its compute, the layout's "
              f"communication{', pipeline bubble' if layout.pp > 1 else ''}"
-             f"{', offload' if layout.cpu_offload else ''}; tokens/s and samples/s are one data-parallel replica's")
+             f"{', offload' if layout.cpu_offload else ''}; tokens/s and samples/s are the job's "
+             f"({layout.data_parallel} data-parallel replica(s) on {layout.world} GPU(s)), per GPU the job's over {layout.world}")
     return LayoutStepTime(step_s=step, tokens_per_s=samples * plan.seq_len / step if step else 0.0,
                           samples_per_s=samples / step if step else 0.0, mfu=mfu, source=rank.time.source,
                           breakdown={k: slowest.breakdown.get(k, 0.0) for k in CATEGORIES},
-                          correction=rank.time.correction, notes=notes,
+                          correction=rank.time.correction, notes=notes, gpus=layout.world,
                           collectives=tuple(_collective_json(c) for c in slowest.collectives))
 
 

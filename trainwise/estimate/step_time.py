@@ -64,7 +64,8 @@ OVERLAP_GROUPS = {"forward": "forward", "backward": "backward", "optimizer": "op
 @dataclass(frozen=True)
 class StepTime:
     """Predicted seconds of one optimizer step (all micro-steps and the optimizer) on one
-    device or rank. Rates per second are this rank's (a data-parallel run multiplies)."""
+    device or rank. `tokens_per_s` and `samples_per_s` are the whole job's (all its `gpus`
+    devices together; one device: that device's), `*_per_gpu` the job's over its devices."""
 
     step_s: float
     tokens_per_s: float
@@ -74,10 +75,20 @@ class StepTime:
     breakdown: dict[str, float]  # seconds per CATEGORIES entry
     correction: float | None = None  # the measured/predicted factor applied, if any
     notes: tuple[str, ...] = field(default=())
+    gpus: int = 1  # devices of the job the rates are for
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.tokens_per_s / self.gpus
+
+    @property
+    def samples_per_s_per_gpu(self) -> float:
+        return self.samples_per_s / self.gpus
 
     def to_json(self) -> dict:
         return {"step_s": self.step_s, "tokens_per_s": self.tokens_per_s, "samples_per_s": self.samples_per_s,
-                "mfu": self.mfu, "source": self.source, "breakdown": dict(self.breakdown),
+                "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "samples_per_s_per_gpu": self.samples_per_s_per_gpu,
+                "gpus": self.gpus, "mfu": self.mfu, "source": self.source, "breakdown": dict(self.breakdown),
                 "correction": self.correction, "notes": list(self.notes)}
 
 
@@ -257,7 +268,7 @@ def _step_time(breakdown: dict[str, float], model_flops: int, plan: Plan, device
     key = f"step:{model_name}" if f"step:{model_name}" in profile.corrections else "step"
     correction = profile.corrections.get(key)
     notes = [f"predicted from the traced ops and the {'catalog figures' if profile.source == 'catalog' else 'profile'}"
-             f" of {profile.device_name}; tokens/s and samples/s are this device's"]
+             f" of {profile.device_name}; tokens/s and samples/s are this one device's"]
     notes.extend(extra_notes)
     if correction is not None:
         breakdown = {name: seconds * correction for name, seconds in breakdown.items()}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainwise.plan.layout import resolve_layout
 from trainwise.plan.plan import Plan
 
 
@@ -12,8 +13,10 @@ class Candidate:
     """A plan and its prediction on the target machine.
 
     memory_bytes: predicted device total of the fullest rank (what nvidia-smi would show).
-    step_s: predicted seconds per optimizer step; tokens_per_s and samples_per_s over all
-    ranks. exact: True when both figures come from a full estimate of this very plan,
+    step_s: predicted seconds per optimizer step; tokens_per_s and samples_per_s the whole
+    job's (all data-parallel replicas), tokens_per_s_per_gpu and samples_per_s_per_gpu the
+    job's over its GPUs (`gpus`: the plan's layout's world size, 1 without one).
+    exact: True when both figures come from a full estimate of this very plan,
     False when composed from cached traces of neighbouring plans (the search's screen).
     changes_math: the allowed techniques this plan uses that change the training math
     (LoRA, 8-bit or Adafactor optimizers, bf16-pure, fp16 where bf16 exists)."""
@@ -28,3 +31,15 @@ class Candidate:
     exact: bool = False
     changes_math: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+
+    @property
+    def gpus(self) -> int:
+        return resolve_layout(self.plan).world if self.plan.is_distributed else 1
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.tokens_per_s / self.gpus
+
+    @property
+    def samples_per_s_per_gpu(self) -> float:
+        return self.samples_per_s / self.gpus

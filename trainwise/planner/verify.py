@@ -10,6 +10,7 @@ what is written back into the device profile is trainwise/planner/corrections.py
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,8 @@ VERIFYING = "verification runs"
 class VerifiedCandidate:
     """One candidate as predicted and as measured.
 
-    Seconds per optimizer step, tokens per second over all ranks, bytes. `measured_runs_s`
+    Seconds per optimizer step, tokens per second the whole job's (over all ranks; per GPU:
+    over the plan's GPUs), bytes. `measured_runs_s`
     holds each run's mean step time over its timed steps (warm-up and, on the CPU, the
     memory-probe step excluded); `measured_step_s` is their median and `spread` their
     (max - min) / median (None with fewer than two runs). `memory_kind` names the measured
@@ -59,6 +61,10 @@ class VerifiedCandidate:
     @property
     def predicted_memory_bytes(self) -> int:
         return self.candidate.memory_bytes
+
+    @property
+    def measured_tokens_per_s_per_gpu(self) -> float | None:
+        return None if self.measured_tokens_per_s is None else self.measured_tokens_per_s / self.candidate.gpus
 
     @property
     def measured_step_s(self) -> float | None:
@@ -244,4 +250,12 @@ def report_to_json(report: VerifyReport) -> dict:
                        "spread": e.spread, "step_ratio": e.step_ratio,
                        "predicted_memory_bytes": e.predicted_memory_bytes,
                        "measured_memory_bytes": e.measured_memory_bytes, "measured_memory_kind": e.memory_kind,
-                       "measured_tokens_per_s": e.measured_tokens_per_s} for e in report.entries]}
+                       "predicted_tokens_per_s": _finite(e.candidate.tokens_per_s),
+                       "predicted_tokens_per_s_per_gpu": _finite(e.candidate.tokens_per_s_per_gpu),
+                       "measured_tokens_per_s": e.measured_tokens_per_s,
+                       "measured_tokens_per_s_per_gpu": e.measured_tokens_per_s_per_gpu} for e in report.entries]}
+
+
+def _finite(value: float) -> float | None:
+    """A predicted rate for JSON: None where there was no time prediction (NaN)."""
+    return None if math.isnan(value) else value

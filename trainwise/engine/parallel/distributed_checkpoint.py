@@ -17,7 +17,9 @@ Same place and crash safety as one-device checkpoints (engine/checkpoint.py):
 Rank 0 creates the hidden temporary directory, every rank writes its shards into it, and
 rank 0 renames it into place only after all have finished (a barrier), so a job killed
 mid-save leaves the previous checkpoint as the latest. The directory must be on a
-filesystem every node sees.
+filesystem every node sees. A save is begun (begin_distributed_save: the directory and the
+side files), its shards written (dcp.save here, dcp.async_save in async_checkpoint.py),
+then finished (finish_distributed_save: the manifest, the rename, `latest`).
 
 ZeRO-1's optimizer (ZeroRedundancyOptimizer) is not a DCP-aware optimizer: its state is
 consolidated on rank 0 into trainer_state.pt, and resumes under ZeRO-1 at any world size.
@@ -28,7 +30,7 @@ from __future__ import annotations
 import copy
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -54,48 +56,90 @@ DCP_FOLDER = "dcp"
 CONFIG_FILE = "config.json"
 
 
+@dataclass
+class SaveInProgress:
+    """A distributed checkpoint whose side files are written (rank 0) and whose shards are
+    being written: `staging` is rank 0's open temporary directory (None on other ranks),
+    renamed into place by finish_distributed_save."""
+
+    path: Path
+    tmp: Path
+    staging: object | None
+    saved_ns: int
+    keep: int
+
+
 def save_distributed_checkpoint(output, state: TrainingState, *, setup, plan, run, keep: int = 2) -> Path:
     """Write the checkpoint of step `state.step` (called on every rank); returns its path."""
+    save, shards = begin_distributed_save(output, state, setup=setup, plan=plan, run=run, keep=keep)
+    try:
+        dcp.save(shards, checkpoint_id=str(save.tmp / DCP_FOLDER))
+    except BaseException as err:
+        abandon_distributed_save(save, err)
+        raise
+    return finish_distributed_save(save)
+
+
+def begin_distributed_save(output, state: TrainingState, *, setup, plan, run, keep: int) -> tuple[SaveInProgress, dict]:
+    """Open the checkpoint's temporary directory, write its side files (rank 0) and return
+    it with this rank's shards, to be written into tmp/dcp by dcp.save or dcp.async_save."""
     distributed = setup.distributed
-    root = Path(output) / CHECKPOINTS
-    path = root / f"step-{state.step:08d}"
+    path = Path(output) / CHECKPOINTS / f"step-{state.step:08d}"
     staging, tmp = None, None
     saved_ns = time.time_ns()
     if distributed.is_main:
         staging = atomic_directory(path)
         tmp = staging.__enter__()
-    tmp = Path(_from_rank_zero(str(tmp) if tmp else None))
+    save = SaveInProgress(path, Path(_from_rank_zero(str(tmp) if tmp else None)), staging, saved_ns, keep)
     try:
         model_state, optimizer_state = _state_dicts(setup)
-        dcp.save({"model": model_state, **({"optimizer": optimizer_state} if optimizer_state else {})},
-                 checkpoint_id=str(tmp / DCP_FOLDER))
         consolidated = _zero_one_state(setup)
         rngs = [None] * distributed.world
         dist.all_gather_object(rngs, rng_states())
         if distributed.is_main:
-            torch.save({"scheduler": setup.scheduler.state_dict(), "scaler": setup.scaler.state_dict(),
-                        "rng": rngs, "zero1_optimizer": consolidated}, tmp / STATE_FILE)
-            config = getattr(unwrap(_first_part(setup.model)), "config", None)
-            if config is not None:
-                (tmp / CONFIG_FILE).write_text(config.to_json_string())
-            info = {"format": FORMAT, "state": asdict(state), "weights": {"kind": "dcp"},
-                    "plan": plan.to_dict(), "run": run.to_dict(), "world": distributed.world,
-                    "data_parallel": distributed.layout.data_parallel,
-                    "layout": distributed.layout.describe(), "versions": _versions(),
-                    "saved_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "saved_ns": saved_ns}
-            (tmp / INFO_FILE).write_text(json.dumps(info, indent=2))
-        dist.barrier()  # every rank's shards are on disk
-        if staging is not None:
-            write_manifest(tmp, saved_ns)
+            _write_side_files(save.tmp, state, setup, plan, run, consolidated, rngs, saved_ns)
     except BaseException as err:
-        if staging is not None:
-            staging.__exit__(type(err), err, err.__traceback__)
+        abandon_distributed_save(save, err)
         raise
-    if staging is not None:
-        staging.__exit__(None, None, None)
-        finish_save(root, path, keep)
+    return save, {"model": model_state, **({"optimizer": optimizer_state} if optimizer_state else {})}
+
+
+def finish_distributed_save(save: SaveInProgress) -> Path:
+    """After this rank's shards are written: wait for every rank's, then rank 0 writes the
+    manifest (last), renames the directory into place and points `latest` at it."""
+    try:
+        dist.barrier()  # every rank's shards are on disk
+        if save.staging is not None:
+            write_manifest(save.tmp, save.saved_ns)
+    except BaseException as err:
+        abandon_distributed_save(save, err)
+        raise
+    if save.staging is not None:
+        save.staging.__exit__(None, None, None)
+        finish_save(save.path.parent, save.path, save.keep)
     dist.barrier()  # nobody goes on (or ends) before the checkpoint is in place
-    return path
+    return save.path
+
+
+def abandon_distributed_save(save: SaveInProgress, err: BaseException) -> None:
+    """Remove the temporary directory of a save that failed (rank 0); the latest checkpoint stays."""
+    if save.staging is not None:
+        save.staging.__exit__(type(err), err, err.__traceback__)
+
+
+def _write_side_files(tmp: Path, state: TrainingState, setup, plan, run, consolidated, rngs, saved_ns: int) -> None:
+    torch.save({"scheduler": setup.scheduler.state_dict(), "scaler": setup.scaler.state_dict(),
+                "rng": rngs, "zero1_optimizer": consolidated}, tmp / STATE_FILE)
+    config = getattr(unwrap(_first_part(setup.model)), "config", None)
+    if config is not None:
+        (tmp / CONFIG_FILE).write_text(config.to_json_string())
+    distributed = setup.distributed
+    info = {"format": FORMAT, "state": asdict(state), "weights": {"kind": "dcp"},
+            "plan": plan.to_dict(), "run": run.to_dict(), "world": distributed.world,
+            "data_parallel": distributed.layout.data_parallel,
+            "layout": distributed.layout.describe(), "versions": _versions(),
+            "saved_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "saved_ns": saved_ns}
+    (tmp / INFO_FILE).write_text(json.dumps(info, indent=2))
 
 
 def load_distributed_checkpoint(path, *, setup, plan) -> TrainingState:
