@@ -182,11 +182,13 @@ def accuracy(predictions: list[Prediction]) -> dict:
 
 
 def summarize(predictions: list[Prediction], sources: dict) -> dict:
-    """Accuracy per source, over the sources a change may be tuned on ("overall"), over
-    the held-out ones, and over every row."""
+    """Accuracy per source and per (source, GPU), over the sources a change may be tuned on
+    ("overall"), over the held-out ones, and over every row."""
     held = {key for key, source in sources.items() if source.get("held_out")}
     by_source = {key: accuracy([p for p in predictions if p.row["source"] == key]) for key in sources}
-    return {"sources": by_source,
+    pairs = sorted({(p.row["source"], p.row["gpu"]) for p in predictions})
+    by_gpu = {pair: accuracy([p for p in predictions if (p.row["source"], p.row["gpu"]) == pair]) for pair in pairs}
+    return {"sources": by_source, "source_gpus": by_gpu,
             "overall": accuracy([p for p in predictions if p.row["source"] not in held]),
             "held_out": accuracy([p for p in predictions if p.row["source"] in held]),
             "all": accuracy(predictions)}

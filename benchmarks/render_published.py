@@ -50,6 +50,9 @@ def _summary_lines(summary: dict, sources: dict) -> list[str]:
         held = " (held out)" if sources[key].get("held_out") else ""
         lines.append(f"| source {key}{held} | {found['n']} | {_pct(found['mape_pct'])} | "
                      f"{_pct(found['median_pct'])} | {_rho(found['spearman'])} |")
+    for (source, gpu), found in summary.get("source_gpus", {}).items():
+        lines.append(f"| source {source}, {gpu} only | {found['n']} | {_pct(found['mape_pct'])} | "
+                     f"{_pct(found['median_pct'])} | {_rho(found['spearman'])} |")
     for label, key in (("overall (sources not held out)", "overall"), ("held out", "held_out"), ("every row", "all")):
         found = summary[key]
         lines.append(f"| {label} | {found['n']} | {_pct(found['mape_pct'])} | {_pct(found['median_pct'])} | "

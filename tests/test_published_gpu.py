@@ -78,7 +78,7 @@ def test_cheap_rows_predict_as_the_page_says(row_id, tmp_path):
 
 def test_accuracy_is_scored_per_source_with_the_held_out_source_apart():
     def made(source: str, predicted: float, published: float):
-        return published_gpu.Prediction({"source": source}, published, predicted, 1.0, 1.0, None, "")
+        return published_gpu.Prediction({"source": source, "gpu": "A100-80GB"}, published, predicted, 1.0, 1.0, None, "")
 
     sources = {"a": {}, "b": {}, "held": {"held_out": True}}
     rows = [made("a", 1.1, 1.0), made("a", 2.2, 2.0), made("a", 3.3, 3.0), made("b", 0.5, 1.0),
@@ -88,4 +88,5 @@ def test_accuracy_is_scored_per_source_with_the_held_out_source_apart():
     assert summary["sources"]["a"]["spearman"] == pytest.approx(1.0)
     assert summary["overall"]["n"] == 4 and summary["overall"]["mape_pct"] == pytest.approx(20.0)
     assert summary["held_out"]["mape_pct"] == pytest.approx(200.0)
+    assert summary["source_gpus"][("a", "A100-80GB")] == summary["sources"]["a"]
     assert "NOT met" in published_gpu.verdict(summary, sources)  # source b's median is 50 %
