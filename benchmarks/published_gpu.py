@@ -165,8 +165,11 @@ def predict(row: dict, sources: dict, scratch: Path) -> Prediction:
         return Prediction(row, published, None, tokens_published, None, None, "no time predicted")
     step = result.time.step_s
     tokens = row["global_batch"] * row["seq_len"] / (step * row["gpus"])
-    note = f"predicted as the nearest plan trainwise runs: {'; '.join(made)}" if made else ""
-    return Prediction(row, published, step, tokens_published, tokens, result.time.mfu, note)
+    notes = [f"predicted as the nearest plan trainwise runs: {'; '.join(made)}"] if made else []
+    if row["layout"].get("vp", 1) > 2:
+        notes.append(f"published: {row['layout']['vp']} virtual stages per pipeline rank; trainwise's "
+                     "interleaved 1F1B holds 2")
+    return Prediction(row, published, step, tokens_published, tokens, result.time.mfu, "; ".join(notes))
 
 
 def accuracy(predictions: list[Prediction]) -> dict:
