@@ -137,7 +137,7 @@ def estimate_row(row: dict, sources: dict, scratch: Path) -> tuple[object, tuple
     from trainwise.plan.plan import Plan
 
     knobs, made = plan_knobs(row), ()
-    gbps = sources[row["source"]].get("inter_node_gbps")
+    gbps = row.get("inter_node_gbps", sources[row["source"]].get("inter_node_gbps"))
     while True:
         try:
             plan = Plan(**knobs)
