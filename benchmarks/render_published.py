@@ -15,7 +15,7 @@ def _rho(value) -> str:
 
 def _layout(row: dict) -> str:
     layout = row["layout"]
-    parts = [f"{row['gpus']} GPUs", f"DP {layout['dp']}"]
+    parts = [f"{row['gpus']} GPU{'s' if row['gpus'] > 1 else ''}", f"DP {layout['dp']}"]
     parts += [f"{key.upper()} {layout[key]}" for key in ("tp", "pp", "vp", "cp") if layout.get(key, 1) != 1]
     if layout.get("sharding", "none") != "none":
         parts.append(layout["sharding"].replace("zero", "ZeRO-"))
