@@ -8,8 +8,10 @@ import pytest
 
 from trainwise.common.errors import InputError
 from trainwise.hardware import resolve_device
+from trainwise.hardware.catalog import catalog
 from trainwise.hardware.profile import (
     MATMUL_EFFICIENCY,
+    PCIE_EFFICIENCY,
     DeviceProfile,
     Rate,
     catalog_profile,
@@ -34,6 +36,21 @@ def test_catalog_profile_scales_vendor_peaks():
     assert profile.collectives["all_reduce"].per_s == pytest.approx(900e9 / 2 * 0.75)
     assert profile.host_to_device.per_s == pytest.approx(64e9 * 0.8)
     assert catalog_profile(resolve_device("cpu")) is None
+
+
+@pytest.mark.parametrize("gpu", catalog(), ids=lambda gpu: gpu.name)
+def test_every_catalog_gpu_has_a_host_device_copy_rate_from_its_pcie_generation(gpu):
+    # Without one, activation and CPU offload cost nothing in the planner's eyes on that GPU.
+    profile = catalog_profile(resolve_device(gpu.name))
+    per_direction = {3: 16e9, 4: 32e9, 5: 64e9}[gpu.pcie_gen]
+    assert profile.host_to_device.per_s == pytest.approx(per_direction * PCIE_EFFICIENCY)
+
+
+def test_v100_and_t4_copy_over_pcie_gen3_at_half_a100s_rate():
+    rates = {name: catalog_profile(resolve_device(name)).host_to_device.per_s for name in ("V100", "T4", "A100")}
+    assert rates["V100"] == rates["T4"] == pytest.approx(rates["A100"] / 2)
+    # 1 GB each way of offloaded activations is most of a tenth of a second, not free.
+    assert catalog_profile(resolve_device("T4")).host_to_device.seconds(1e9) > 0.07
 
 
 def test_profile_round_trips_through_a_file(tmp_path):

@@ -39,6 +39,9 @@ HUB_PARAMETER_COUNTS = {
     "Llama-3.1-8B": 8_030_261_248,
     "Llama-3.1-70B": 70_553_706_496,
     "Llama-3.1-405B": 405_853_388_800,
+    "Llama-2-7b": 6_738_415_616,  # the hub models meta-llama/Llama-2-*-hf
+    "Llama-2-13b": 13_015_864_320,
+    "Llama-2-70b": 68_976_648_192,
     "Mistral-7B-v0.1": 7_241_732_096,
     "Mixtral-8x7B-v0.1": 46_702_792_704,
     "Qwen2.5-0.5B": 494_032_768,

@@ -142,6 +142,15 @@ def test_a_profile_file_gives_the_table_its_time(tmp_path, capsys):
     assert "Predicted step time on cpu" in out and "one optimizer step" in out and "host/launch overhead" in out
 
 
+def test_a_catalog_time_says_its_efficiencies_are_assumed(capsys):
+    assert main(["estimate", "tiny-llama", "--device", "A100", "--seq-len", "16", "--precision", "bf16"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Predicted step time on A100-80GB (seconds, predicted from the traced ops and the catalog figures x " \
+           "assumed efficiencies)" in out
+    assert main(["estimate", "tiny-llama", "--device", "A100", "--seq-len", "16", "--precision", "bf16", "--json"]) == 0
+    assert "catalog figures x assumed efficiencies" in json.loads(capsys.readouterr().out)["time"]["method"]
+
+
 @pytest.mark.fault
 @pytest.mark.parametrize("content", [None, "{not json", json.dumps({"version": 1, "kind": "cpu"})])
 def test_a_bad_profile_file_is_refused_naming_the_flag(tmp_path, capsys, content, fault_log):

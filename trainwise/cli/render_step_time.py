@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trainwise.api.estimate import EstimateResult
+from trainwise.hardware.profile import CATALOG_RATES
 
 # Categories shown when they take time; communication_overlapped is not part of the step.
 _LABELS = {"matmul": "matmul", "attention": "attention", "normalization": "normalization",
@@ -23,7 +24,7 @@ def render_step_time(result: EstimateResult, console: Console) -> None:
             how = "name a catalog GPU with --device, or " + how
         console.print(f"predicted step time: none, no device profile for {result.device.name}: {how}")
         return
-    source = "catalog figures" if time.source == "catalog" else f"profile {time.source}"
+    source = CATALOG_RATES if time.source == "catalog" else f"profile {time.source}"
     table = Table(title=f"Predicted step time on {result.device.name} (seconds, predicted from the traced ops "
                         f"and the {source})", title_justify="left")
     for column, justify in (("part", "left"), ("seconds", "right"), ("share of step", "right")):

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from trainwise.estimate.memory import MemoryEstimate
 from trainwise.estimate.step_time import StepTime
 from trainwise.hardware import Device
+from trainwise.hardware.profile import CATALOG_RATES
 from trainwise.plan.plan import Plan
 
 
@@ -74,6 +75,6 @@ class EstimateResult:
     def _time_json(self) -> dict | None:
         if self.time is None:
             return None
-        source = "catalog figures" if self.time.source == "catalog" else f"the profile {self.time.source}"
+        source = CATALOG_RATES if self.time.source == "catalog" else f"the profile {self.time.source}"
         method = f"predicted: the traced step's ops at the rates of {source} for {self.device.name}"
         return {**self.time.to_json(), "method": method}

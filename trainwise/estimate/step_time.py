@@ -37,7 +37,7 @@ from typing import Sequence
 from trainwise.estimate.activation_offload_time import activation_offload_seconds, offload_traffic
 from trainwise.hardware import Device
 from trainwise.hardware.peak import peak_flops_for
-from trainwise.hardware.profile import DeviceProfile, Rate
+from trainwise.hardware.profile import CATALOG_RATES, DeviceProfile, Rate
 from trainwise.plan.plan import Plan
 from trainwise.trace.depth import DepthFit, extrapolate_by_kind
 from trainwise.trace.op_costs import OpCosts
@@ -267,7 +267,7 @@ def _step_time(breakdown: dict[str, float], model_flops: int, plan: Plan, device
                profile: DeviceProfile, model_name: str, chunks: int, extra_notes=()) -> StepTime:
     key = f"step:{model_name}" if f"step:{model_name}" in profile.corrections else "step"
     correction = profile.corrections.get(key)
-    notes = [f"predicted from the traced ops and the {'catalog figures' if profile.source == 'catalog' else 'profile'}"
+    notes = [f"predicted from the traced ops and the {CATALOG_RATES if profile.source == 'catalog' else 'profile'}"
              f" of {profile.device_name}; tokens/s and samples/s are this one device's"]
     notes.extend(extra_notes)
     if correction is not None:

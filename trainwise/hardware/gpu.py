@@ -55,6 +55,8 @@ class GPU:
     memory_bandwidth: peak DRAM bandwidth, bytes/s (None when unknown).
     interconnect: peak NVLink bandwidth per GPU, both directions summed, bytes/s;
         None without NVLink.
+    pcie_gen: the PCI Express generation of the board's x16 host link, from its datasheet
+        (the host-device copy rate of offload, and the link between GPUs without NVLink).
     source: where the figures come from, shown next to any number derived from them.
     """
 
@@ -68,6 +70,7 @@ class GPU:
     interconnect: float | None
     sm_count: int | None = None
     max_threads_per_sm: int | None = None
+    pcie_gen: int | None = None
     aliases: tuple[str, ...] = ()
     source: str = "catalog"
 

@@ -28,13 +28,18 @@ from trainwise.common.errors import InputError
 from trainwise.hardware.device import Device
 
 PROFILE_VERSION = 1
+# How a time predicted from a catalog profile names its rates, wherever it is shown.
+CATALOG_RATES = "catalog figures x assumed efficiencies"
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 
-# Fractions of the vendor peak that tuned kernels reach on large shapes. Sources: cuBLAS
-# GEMMs reach about 70 % of dense peak on A100/H100 at transformer sizes; flash-attention
-# 2/3 reports 50-75 % of peak forward and less backward (one factor for both); element-wise
-# kernels stream at about 80 % of DRAM bandwidth; NCCL's bus bandwidth on NVLink reaches
-# about 75 % of the link's figure; PCIe about 80 %.
+# Fractions of the vendor peak that tuned kernels reach on large shapes. These are
+# ASSUMPTIONS, not measurements of this project: round figures in line with what public
+# kernel reports show (cuBLAS GEMMs near 70 % of dense peak on A100/H100 at transformer
+# sizes; flash-attention 2/3 50-75 % forward and less backward, one factor for both;
+# element-wise kernels near 80 % of DRAM bandwidth; NCCL bus bandwidth near 75 % of NVLink's
+# figure; PCIe near 80 %). docs/plan.md ("Device profiles") lists them as assumptions and the
+# estimate says so next to every catalog-based time (CATALOG_RATES); they were checked
+# against published runs in docs/results/time-model-published.md, not fitted to them.
 MATMUL_EFFICIENCY = 0.70
 ATTENTION_EFFICIENCY = 0.50
 BANDWIDTH_EFFICIENCY = 0.80
@@ -54,9 +59,10 @@ COLLECTIVE_LATENCY_S = 20e-6
 # is not kept as a script; the CUDA pair is a guess at a Python wrapper's Triton launch.
 COMPILED_KERNEL_HOST_S = {"cpu": 4e-6, "cuda": 5e-6}
 COMPILED_REGION_HOST_S = {"cpu": 70e-6, "cuda": 40e-6}
-# PCIe between host and GPU, one direction: Gen4 x16 (A100, RTX 30/40) or Gen5 x16 (H100,
-# H200) in GB/s, decimal.
-PCIE_GB_S = {(8, 0): 32.0, (8, 6): 32.0, (8, 9): 32.0, (9, 0): 64.0}
+# PCIe between host and GPU, one direction of an x16 link, by generation (the catalog's
+# `pcie_gen`, from each board's datasheet), in GB/s, decimal: half the both-directions
+# figure vendors print (Gen3 32, Gen4 64, Gen5 128 GB/s).
+PCIE_GB_S = {3: 16.0, 4: 32.0, 5: 64.0}
 GB_S = 1e9
 
 
@@ -195,7 +201,7 @@ def catalog_profile(device: Device) -> DeviceProfile | None:
         # The catalog's NVLink figure sums both directions; a ring's bus bandwidth is one.
         link = Rate(gpu.interconnect / 2 * NVLINK_EFFICIENCY, COLLECTIVE_LATENCY_S)
         collectives = {name: link for name in COLLECTIVES}
-    pcie = PCIE_GB_S.get(gpu.compute_capability)
+    pcie = PCIE_GB_S.get(gpu.pcie_gen)
     return DeviceProfile(device_name=gpu.name, kind="cuda", source="catalog", matmul=matmul,
                          attention=attention, memory=Rate(gpu.memory_bandwidth * BANDWIDTH_EFFICIENCY, KERNEL_FIXED_S),
                          host_s_per_op=EAGER_HOST_S_PER_OP, collectives=collectives,
