@@ -28,8 +28,9 @@ JOB_STARTED = "TRAINWISE_JOB_STARTED_NS"
 
 
 def check_restart_request(run: RunConfig, nproc: int) -> str | None:
-    """Raise InputError for a --max-restarts that cannot work; return a warning line for
-    one that can only start over (no checkpoint before the end), else None."""
+    """Raise InputError for a --max-restarts that cannot work for a job of `nproc`
+    processes (on all nodes); return a warning line for one that can only start over (no
+    checkpoint before the end), else None."""
     if not run.max_restarts or launched_by_trainwise():
         return None
     if under_torchrun():
