@@ -6,11 +6,14 @@ distributed ones run two "nodes" as two `trainwise train` processes on localhost
 
 from __future__ import annotations
 
+import json
 import sys
+import time
 
 import pytest
 
 from trainwise.cli.main import main
+from trainwise.engine.parallel import restarts
 from trainwise.engine.parallel.launch import torchrun_command
 from trainwise.engine.parallel.nodes import rendezvous_id
 from trainwise.engine.run_config import RunConfig
@@ -71,3 +74,19 @@ def test_node_settings_that_cannot_make_a_job_are_refused_before_any_launch(caps
     assert code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines[-1].startswith(f"trainwise: error: {expected}"), lines
+
+
+def test_a_healthy_nodes_workers_restarted_for_a_new_round_continue_from_the_jobs_checkpoint(tmp_path, monkeypatch):
+    """When a rank of another node fails, this node's agent restarts its healthy workers for
+    the new rendezvous round without counting a restart (TORCHELASTIC_RESTART_COUNT stays
+    0): they must still continue from the job's checkpoint, with the failed node's ranks."""
+    started = time.time_ns()
+    run = RunConfig.from_dict({"max_restarts": 1, "output": str(tmp_path), "save_every": 2})
+    monkeypatch.setenv(restarts.RESTART_COUNT, "0")
+    monkeypatch.setenv(restarts.JOB_STARTED, str(started))
+    assert restarts.run_for_this_attempt(run) == (run, None)  # the job's first workers start as asked
+    checkpoint = tmp_path / "checkpoints" / "step-00000002"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.pt").write_bytes(b"")
+    (checkpoint / "trainwise.json").write_text(json.dumps({"state": {"step": 2}, "saved_ns": started + 1}))
+    assert restarts.run_for_this_attempt(run) == (run.replace(resume=True), checkpoint)
