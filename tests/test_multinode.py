@@ -7,16 +7,22 @@ distributed ones run two "nodes" as two `trainwise train` processes on localhost
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
 import time
 
 import pytest
 
+from distributed_launch import REPO, free_port
+from trainwise.api.training import train
 from trainwise.cli.main import main
 from trainwise.engine.parallel import restarts
 from trainwise.engine.parallel.launch import torchrun_command
 from trainwise.engine.parallel.nodes import rendezvous_id
 from trainwise.engine.run_config import RunConfig
+from trainwise.plan.plan import Plan
 
 ARGV = ["train", "tiny-llama", "--fsdp", "4", "--nproc", "2", "--nnodes", "2", "--node-rank", "1",
         "--rdzv-endpoint", "node0:29500", "--max-restarts", "1", "--output", "/shared/run"]
@@ -90,3 +96,160 @@ def test_a_healthy_nodes_workers_restarted_for_a_new_round_continue_from_the_job
     (checkpoint / "trainer_state.pt").write_bytes(b"")
     (checkpoint / "trainwise.json").write_text(json.dumps({"state": {"step": 2}, "saved_ns": started + 1}))
     assert restarts.run_for_this_attempt(run) == (run.replace(resume=True), checkpoint)
+
+
+
+def test_a_stop_another_node_received_is_relayed_once_to_this_nodes_torchrun(tmp_path, monkeypatch, capsys):
+    """A rank that learns from the all-reduce of a stop signal its node was not sent tells
+    its launcher, which relays that signal to its torchrun once (so its agent lets the
+    workers save rather than restarting them) and ends with 128 + the signal."""
+    from trainwise.engine.preemption import (LAUNCHER_PID, STOP_NOTICE, exit_code_after, relaying_stop_signals,
+                                             tell_launcher)
+
+    notice = tmp_path / "stop"
+    monkeypatch.setenv(STOP_NOTICE, str(notice))
+    monkeypatch.setenv(LAUNCHER_PID, str(os.getpid()))
+    child = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
+                              "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
+                              "print('ready', flush=True)\ntime.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        with relaying_stop_signals(child, notice) as relayed:
+            tell_launcher(signal.SIGTERM)  # a rank of this node, after the all-reduce
+            tell_launcher(signal.SIGINT)  # another rank's notice, once one was relayed: ignored
+            assert child.wait(timeout=30) == 7
+        assert relayed == [signal.SIGTERM]
+        assert exit_code_after(7, relayed) == 143
+    finally:
+        child.kill()
+    assert capsys.readouterr().err == ("trainwise: another node was stopped by SIGTERM; this node's ranks stop "
+                                       "after the same step and save\n")
+
+STEPS = 6  # checkpoints after steps 2 and 4 where saved; the killed rank dies starting step 4
+COMMON = ["tiny-llama", "--device", "cpu", "--data", "synthetic", "--batch-size", "2", "--seq-len", "16",
+          "--lr", "1e-3", "--warmup-steps", "2", "--steps", str(STEPS), "--log-every", "1", "--nproc", "2",
+          "--nnodes", "2"]
+# Active only on the node whose environment names it: its local rank 1 SIGKILLs itself as it
+# starts step 4 of the job's first attempt.
+SITECUSTOMIZE = '''
+import os
+import signal
+
+if os.environ.get("TRAINWISE_TEST_KILL_LOCAL_RANK") == os.environ.get("LOCAL_RANK") \\
+        and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
+    import trainwise.engine.train_step as train_step
+
+    _original, _calls = train_step.training_step, [0]
+
+    def training_step(*args, **kwargs):
+        _calls[0] += 1
+        if _calls[0] == 4:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return _original(*args, **kwargs)
+
+    train_step.training_step = training_step
+'''
+
+
+def _two_nodes(tmp_path, args: list[str], node1_env: dict | None = None,
+               during=None) -> list[subprocess.CompletedProcess]:
+    """`trainwise train COMMON args` as node 0 and node 1 on localhost, meeting at a free port;
+    `during(nodes)` is called once both are started."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir(exist_ok=True)
+    (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    endpoint = f"127.0.0.1:{free_port()}"
+    env = {**os.environ, "PYTHONPATH": f"{hooks}{os.pathsep}{REPO}", "OMP_NUM_THREADS": "1",
+           "CUDA_VISIBLE_DEVICES": ""}
+    nodes = []
+    for rank, extra in enumerate(({}, node1_env or {})):
+        command = [sys.executable, "-m", "trainwise", "train", *COMMON, *args, "--node-rank", str(rank),
+                   "--rdzv-endpoint", endpoint]
+        # A session of its own per node: a hung job is ended whole, not orphaned.
+        nodes.append(subprocess.Popen(command, cwd=REPO, env={**env, **extra}, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, start_new_session=True))
+    done = []
+    try:
+        if during is not None:
+            during(nodes)
+        for node in nodes:
+            stdout, stderr = node.communicate(timeout=480)
+            done.append(subprocess.CompletedProcess(node.args, node.returncode, stdout, stderr))
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+    return done
+
+
+def _losses(metrics) -> list[tuple[int, float]]:
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    return [(line["step"], line["loss"]) for line in lines if "step" in line]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> list[tuple[int, float]]:
+    """The loss curve of one process taking every rank's samples (2 data-parallel ranks: x 2
+    accumulation)."""
+    metrics = tmp_path_factory.mktemp("one") / "metrics.jsonl"
+    train("tiny-llama", plan=Plan.from_dict({"batch_size": 2, "grad_accum": 2, "seq_len": 16, "lr": 1e-3,
+                                             "warmup_steps": 2, "device": "cpu"}),
+          run=RunConfig.from_dict({"steps": STEPS, "data": "synthetic", "metrics": str(metrics)}))
+    return _losses(metrics)
+
+
+def _assert_same_curve(got, want) -> None:
+    assert [step for step, _ in got] == list(range(1, STEPS + 1))  # none missing, none twice
+    for (step, loss), (_, expected) in zip(got, want):
+        assert loss == pytest.approx(expected, rel=1e-4), step
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_nodes_train_fsdp_with_tensor_and_sequence_parallel_like_one_process(tmp_path, one_process):
+    metrics = tmp_path / "metrics.jsonl"
+    nodes = _two_nodes(tmp_path, ["--fsdp", "2", "--tp", "2", "--sequence-parallel", "--metrics", str(metrics)])
+    for node in nodes:
+        assert node.returncode == 0, node.stderr[-3000:]
+    _assert_same_curve(_losses(metrics), one_process)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.fault
+def test_a_rank_killed_on_one_node_restarts_every_node_from_the_checkpoint_with_the_same_losses(tmp_path,
+                                                                                               one_process):
+    output, metrics = tmp_path / "run", tmp_path / "metrics.jsonl"
+    nodes = _two_nodes(tmp_path, ["--pp", "2", "--microbatches", "2", "--max-restarts", "1", "--save-every", "2",
+                                  "--output", str(output), "--metrics", str(metrics)],
+                       node1_env={"TRAINWISE_TEST_KILL_LOCAL_RANK": "1"})
+    for node in nodes:
+        assert node.returncode == 0, node.stderr[-3000:]
+    announced = [line for line in nodes[1].stderr.splitlines() if line.startswith("trainwise:") and "restart" in line]
+    assert len(announced) == 1 and announced[0].endswith("(killed by SIGKILL); restart 1 of 1, resuming from step 2")
+    _assert_same_curve(_losses(metrics), one_process)
+    assert (output / "final" / "config.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.fault
+def test_a_stop_signal_to_one_nodes_launcher_stops_every_rank_of_every_node_after_the_same_step(tmp_path):
+    from trainwise.engine.checkpoint import latest_checkpoint
+
+    output, metrics = tmp_path / "run", tmp_path / "metrics.jsonl"
+
+    def preempt_node_1(nodes):
+        deadline = time.monotonic() + 400
+        while not (metrics.is_file() and _losses(metrics)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        nodes[1].send_signal(signal.SIGTERM)  # as a scheduler would, to this node only
+
+    nodes = _two_nodes(tmp_path, ["--steps", "60", "--output", str(output), "--metrics", str(metrics)],
+                       during=preempt_node_1)
+    assert [node.returncode for node in nodes] == [143, 143], [node.stderr[-2000:] for node in nodes]
+    assert "trainwise: another node was stopped by SIGTERM; this node's ranks stop after the same step and save" \
+        in nodes[0].stderr
+    stopped_after = _losses(metrics)[-1][0]
+    assert stopped_after < 60
+    assert restarts.checkpoint_step(latest_checkpoint(output)) == stopped_after

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
+from pathlib import Path
 
+from trainwise.engine.preemption import LAUNCHER_PID, STOP_NOTICE
 from trainwise.engine.parallel.mesh import under_torchrun
 from trainwise.engine.parallel.nodes import NODE_FLAGS, is_multinode, torchrun_node_arguments, without_flags
 from trainwise.engine.parallel.supervise import watch_job
@@ -46,7 +49,8 @@ def launch_local(nproc: int, argv: list[str], run: RunConfig | None = None) -> i
     `trainwise: error: ...` line is on stderr, then one line naming the rank; the job's
     exit code is then 1. With `run.max_restarts` R, torchrun restarts the group up to R
     times instead (see trainwise.engine.parallel.restarts). A stop signal reaches every
-    worker: they save at the same step and the code is 128 + the signal."""
+    worker: they save at the same step and the code is 128 + the signal; across nodes, a
+    signal to one node's launcher stops every node (trainwise.engine.preemption)."""
     run = run or RunConfig()
     command = torchrun_command(nproc, argv, run)
     # One OpenMP thread per worker unless the user chose: N workers share the cores.
@@ -56,4 +60,9 @@ def launch_local(nproc: int, argv: list[str], run: RunConfig | None = None) -> i
         # Else torchrun's agent shares one key-value store with every attempt's workers, and
         # a restarted rank can read the address a dead rank of the failed attempt published.
         env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    return watch_job(command, env, run)
+    if not is_multinode(run):
+        return watch_job(command, env, run)
+    with tempfile.TemporaryDirectory(prefix="trainwise-stop-") as directory:
+        notice = Path(directory) / "stop"
+        env.update({STOP_NOTICE: str(notice), LAUNCHER_PID: str(os.getpid())})
+        return watch_job(command, env, run, notice)
