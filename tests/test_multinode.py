@@ -9,9 +9,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+
+from pathlib import Path
 
 import pytest
 
@@ -49,6 +52,7 @@ def test_a_node_starts_torchrun_with_the_c10d_rendezvous_and_its_own_processes()
 def test_every_node_of_a_job_derives_the_same_rendezvous_id_and_another_job_another():
     node0 = [w if w != "1" or ARGV[i - 1] != "--node-rank" else "0" for i, w in enumerate(ARGV)]
     assert rendezvous_id(_node_run(0), node0) == rendezvous_id(_node_run(1), ARGV)
+    assert rendezvous_id(_node_run(1), [*ARGV, "--resume"]) == rendezvous_id(_node_run(1), ARGV)  # a node rejoining
     other_job = [*ARGV[:-1], "/shared/other-run"]
     assert rendezvous_id(_node_run(1), other_job) != rendezvous_id(_node_run(1), ARGV)
     assert rendezvous_id(_node_run(1, rdzv_id="slurm-4242"), ARGV) == "slurm-4242"
@@ -152,35 +156,67 @@ if os.environ.get("TRAINWISE_TEST_KILL_LOCAL_RANK") == os.environ.get("LOCAL_RAN
 '''
 
 
-def _two_nodes(tmp_path, args: list[str], node1_env: dict | None = None,
-               during=None) -> list[subprocess.CompletedProcess]:
-    """`trainwise train COMMON args` as node 0 and node 1 on localhost, meeting at a free port;
-    `during(nodes)` is called once both are started."""
+def _start_node(tmp_path, rank: int, endpoint: str, args: list[str], extra_env: dict | None = None):
+    """`trainwise train COMMON args` as node `rank`, in a session of its own."""
     hooks = tmp_path / "hooks"
     hooks.mkdir(exist_ok=True)
     (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    endpoint = f"127.0.0.1:{free_port()}"
     env = {**os.environ, "PYTHONPATH": f"{hooks}{os.pathsep}{REPO}", "OMP_NUM_THREADS": "1",
-           "CUDA_VISIBLE_DEVICES": ""}
-    nodes = []
-    for rank, extra in enumerate(({}, node1_env or {})):
-        command = [sys.executable, "-m", "trainwise", "train", *COMMON, *args, "--node-rank", str(rank),
-                   "--rdzv-endpoint", endpoint]
-        # A session of its own per node: a hung job is ended whole, not orphaned.
-        nodes.append(subprocess.Popen(command, cwd=REPO, env={**env, **extra}, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, start_new_session=True))
+           "CUDA_VISIBLE_DEVICES": "", **(extra_env or {})}
+    command = [sys.executable, "-m", "trainwise", "train", *COMMON, *args, "--node-rank", str(rank),
+               "--rdzv-endpoint", endpoint]
+    return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _finish(nodes) -> list[subprocess.CompletedProcess]:
+    """Each node's outcome; a node still running after the timeout is killed whole."""
     done = []
     try:
-        if during is not None:
-            during(nodes)
         for node in nodes:
             stdout, stderr = node.communicate(timeout=480)
             done.append(subprocess.CompletedProcess(node.args, node.returncode, stdout, stderr))
     finally:
         for node in nodes:
             if node.poll() is None:
-                os.killpg(node.pid, signal.SIGKILL)
+                _kill_tree(node.pid)
     return done
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL `pid` and every process under it (torchrun runs in a session of its own)."""
+    for child in _children(pid):
+        _kill_tree(child)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(word) for word in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return found
+
+
+def _two_nodes(tmp_path, args: list[str], node1_env: dict | None = None,
+               during=None) -> list[subprocess.CompletedProcess]:
+    """Node 0 and node 1 on localhost, meeting at a free port; `during(nodes)` is called once
+    both are started."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    nodes = [_start_node(tmp_path, 0, endpoint, args), _start_node(tmp_path, 1, endpoint, args, node1_env)]
+    try:
+        if during is not None:
+            during(nodes)
+    except BaseException:
+        for node in nodes:
+            _kill_tree(node.pid)
+        raise
+    return _finish(nodes)
 
 
 def _losses(metrics) -> list[tuple[int, float]]:
@@ -253,3 +289,47 @@ def test_a_stop_signal_to_one_nodes_launcher_stops_every_rank_of_every_node_afte
     stopped_after = _losses(metrics)[-1][0]
     assert stopped_after < 60
     assert restarts.checkpoint_step(latest_checkpoint(output)) == stopped_after
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def _wait_for(condition, timeout_s: float = 400) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.5)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.fault
+def test_a_whole_node_lost_and_started_again_with_resume_rejoins_and_nothing_is_lost(tmp_path, one_process):
+    """Node 1 (its launcher, agent and ranks) is killed after the checkpoint of step 2; node 0's
+    agent restarts its ranks (--max-restarts 1) and waits in a new rendezvous round, which
+    node 1, started again with --resume, joins. Node 0 serves the rendezvous store (it is
+    started first), as the node named by --rdzv-endpoint does on a cluster."""
+    output, metrics = tmp_path / "run", tmp_path / "metrics.jsonl"
+    args = ["--tp", "2", "--max-restarts", "1", "--save-every", "2", "--output", str(output), "--metrics", str(metrics)]
+    port = free_port()
+    endpoint = f"127.0.0.1:{port}"
+    node0 = _start_node(tmp_path, 0, endpoint, args)
+    nodes = [node0]
+    try:
+        _wait_for(lambda: _listening(port))  # node 0's agent serves the rendezvous store
+        node1 = _start_node(tmp_path, 1, endpoint, args)
+        _wait_for(lambda: latest_checkpoint(output) is not None)
+        _kill_tree(node1.pid)
+        node1.communicate()
+        nodes.append(_start_node(tmp_path, 1, endpoint, [*args, "--resume"]))
+    finally:
+        done = _finish(nodes)
+    for node in done:
+        assert node.returncode == 0, node.stderr[-3000:]
+    _assert_same_curve(_losses(metrics), one_process)
+    assert restarts.checkpoint_step(latest_checkpoint(output)) == STEPS

@@ -71,10 +71,11 @@ def endpoint_parts(text: str) -> tuple[str, int]:
 
 def rendezvous_id(run: RunConfig, argv: list[str]) -> str:
     """--rdzv-id, else `trainwise-` and a digest of `argv` less the flags that name the
-    node: the same on every node that runs the same command."""
+    node, and less --resume: the same on every node that runs the same command, and for a
+    lost node started again with --resume to rejoin its job."""
     if run.rdzv_id is not None:
         return run.rdzv_id
-    shared = " ".join(without_flags(argv, NODE_FLAGS))
+    shared = " ".join(word for word in without_flags(argv, NODE_FLAGS) if word != "--resume")
     return "trainwise-" + hashlib.sha256(shared.encode()).hexdigest()[:16]
 
 
