@@ -22,7 +22,9 @@ spans every rank of every node, so all still stop after the same step; a rank th
 of the stop from its peers tells its own launcher (a notice file the launcher named, then
 NOTICE_SIGNAL), which passes that stop signal on to its torchrun as if it had been sent it:
 every node's agent then waits for its workers to save instead of restarting them, and every
-launcher ends with 128 + the signal. A launcher that already relayed a signal ignores notices.
+launcher ends with 128 + the signal. A launcher that already relayed a signal ignores notices,
+and one that relayed a notice does not relay its own copy of that signal arriving after it
+(a scheduler that signals every node): torchrun gets each stop once.
 """
 
 from __future__ import annotations
@@ -134,8 +136,11 @@ def relaying_stop_signals(child: subprocess.Popen, notice: Path | None = None) -
     list of the signals relayed so far (see `exit_code_after`). With `notice`, a stop the
     workers agreed with other nodes (see `tell_launcher`) is relayed too, unless one was."""
     relayed: list[int] = []
+    from_peer: list[int] = []  # a stop relayed for another node: this node's own copy may follow
 
     def relay(signum, frame):
+        if from_peer and from_peer.pop() == signum:
+            return  # the scheduler signalled every node (Slurm): torchrun has it already, once
         relayed.append(signum)
         if child.poll() is None:
             child.send_signal(signum)
@@ -149,6 +154,7 @@ def relaying_stop_signals(child: subprocess.Popen, notice: Path | None = None) -
             print(f"trainwise: another node was stopped by {signal.Signals(stop).name}; this node's ranks stop "
                   "after the same step and save", file=sys.stderr, flush=True)
             relay(stop, frame)
+            from_peer.append(stop)
 
     previous = {signum: signal.signal(signum, relay) for signum in STOP_SIGNALS}
     if notice is not None:
