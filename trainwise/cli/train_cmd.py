@@ -37,18 +37,15 @@ def register(commands) -> None:
 def run(args) -> int:
     from rich.console import Console
 
-    from trainwise.api.training import check_train_request, train
-    from trainwise.engine.output_preflight import check_training_output, count_parameters_of
+    from trainwise.api.training import train
     from trainwise.engine.runtime import runtime_device
-    from trainwise.engine.parallel.launch import launch_local, should_launch
+    from trainwise.engine.parallel.launch import should_launch
     from trainwise.engine.parallel.mesh import stop_distributed
-    from trainwise.models import resolve_model
-    from trainwise.plan.layout import resolve_layout
+    from trainwise.engine.parallel.nodes import check_nodes
     from trainwise.cli.render_train import StepProgress, render_header, render_summary
     from trainwise.plan import load_plan_file
-    from trainwise.models.families.checks import check_model_layout
 
-    from trainwise.cli.train_auto import pinned_argv, resolve_auto, take_auto_request, train_stepping_down
+    from trainwise.cli.train_auto import resolve_auto, take_auto_request, train_stepping_down
     from trainwise.engine.job import device_name_for_estimate
 
     auto = take_auto_request(args)
@@ -58,24 +55,16 @@ def run(args) -> int:
         chosen = {**from_file, **typed_values(args, plan.specs())}
         plan = plan.replace(**{k: v for k, v in DEMO_KNOBS.items() if k not in chosen})
     run_config = RunConfig.from_dict(typed_values(args, RunConfig.specs()))
-    warning = _check_run_settings(run_config, plan.nproc)
+    world = check_nodes(run_config, plan)  # processes on all nodes (--nnodes x --nproc)
+    warning = _check_run_settings(run_config, world)
     # With no --device anywhere, train on what is here (the Plan's default names CUDA).
     explicit = "device" in vars(args) or "device" in from_file
     if auto.plan or auto.batch:  # chosen for the device this run will use
         plan = resolve_auto(auto, plan, args.model or DEFAULT_MODEL,
                             device_name_for_estimate(runtime_device(plan.device, explicit=explicit)),
                             args.task, args.trust_remote_code)
-    if should_launch(plan.nproc):
-        # Bad input fails here, once, with exit 2, before any worker starts.
-        layout = resolve_layout(plan, plan.nproc)
-        spec = resolve_model(args.model or DEFAULT_MODEL, task=args.task, trust_remote_code=args.trust_remote_code)
-        check_train_request(plan, runtime_device(plan.device, explicit=explicit), spec, plan.nproc)
-        check_model_layout(spec.config, plan, layout)
-        check_training_output(run_config.output, plan, run_config, count_parameters_of(spec))
-        if warning:
-            print(warning, file=sys.stderr)
-        argv = pinned_argv(args.argv, plan, auto) if auto.plan or auto.batch else args.argv
-        return launch_local(plan.nproc, argv, run_config)
+    if should_launch(plan.nproc, run_config):
+        return _launch(args, plan, run_config, world, explicit, auto, warning)
     run_config = _continue_after_restart(run_config)
     console = Console(quiet=int(os.environ.get("RANK", "0")) != 0)  # rank 0 speaks for the job
     progress = StepProgress(console, run_config.steps)
@@ -94,15 +83,41 @@ def run(args) -> int:
     return 0
 
 
-def _check_run_settings(run_config: RunConfig, nproc: int) -> str | None:
-    """Refuse run settings that cannot work, before any process starts; the restart warning, if any."""
+def _check_run_settings(run_config: RunConfig, world: int) -> str | None:
+    """Refuse run settings that cannot work, before any process starts; the restart warning, if
+    any. `world`: the job's processes on all nodes."""
     from trainwise.engine.checkpoint_saves import check_async_request
     from trainwise.engine.parallel.mesh import under_torchrun
     from trainwise.engine.parallel.restarts import check_restart_request
 
     check_reports(run_config)
-    check_async_request(run_config, nproc > 1 or under_torchrun())
-    return check_restart_request(run_config, nproc)
+    check_async_request(run_config, world > 1 or under_torchrun())
+    return check_restart_request(run_config, world)
+
+
+def _launch(args, plan, run_config: RunConfig, world: int, explicit: bool, auto, warning: str | None) -> int:
+    """Start torchrun for this node's processes, after the checks that can fail before any
+    worker starts: bad input fails here, once, with exit 2. Under --nnodes every node runs
+    them, each for the whole job of `world` processes, and each checks the --output its
+    ranks will write their checkpoint shards to (storage shared by the nodes)."""
+    from trainwise.api.training import check_train_request
+    from trainwise.cli.train_auto import pinned_argv
+    from trainwise.engine.output_preflight import check_training_output, count_parameters_of
+    from trainwise.engine.parallel.launch import launch_local
+    from trainwise.engine.runtime import runtime_device
+    from trainwise.models import resolve_model
+    from trainwise.models.families.checks import check_model_layout
+    from trainwise.plan.layout import resolve_layout
+
+    layout = resolve_layout(plan, world)
+    spec = resolve_model(args.model or DEFAULT_MODEL, task=args.task, trust_remote_code=args.trust_remote_code)
+    check_train_request(plan, runtime_device(plan.device, explicit=explicit), spec, world)
+    check_model_layout(spec.config, plan, layout)
+    check_training_output(run_config.output, plan, run_config, count_parameters_of(spec))
+    if warning:
+        print(warning, file=sys.stderr)
+    argv = pinned_argv(args.argv, plan, auto) if auto.plan or auto.batch else args.argv
+    return launch_local(plan.nproc, argv, run_config)
 
 
 def _continue_after_restart(run_config: RunConfig) -> RunConfig:

@@ -16,6 +16,15 @@ process (`--nproc N`) runs torchrun in a session of its own and passes each stop
 to it once (a terminal's Ctrl-C would otherwise reach torchrun twice, and its second
 relay would cut the workers' save short); torchrun gives the workers 30 s to save before
 it kills them.
+
+Across nodes (`--nnodes N`) a signal may reach one node's launcher only. The all-reduce
+spans every rank of every node, so all still stop after the same step; a rank that learns
+of the stop from its peers tells its own launcher (a notice file the launcher named, then
+NOTICE_SIGNAL), which passes that stop signal on to its torchrun as if it had been sent it:
+every node's agent then waits for its workers to save instead of restarting them, and every
+launcher ends with 128 + the signal. A launcher that already relayed a signal ignores notices,
+and one that relayed a notice does not relay its own copy of that signal arriving after it
+(a scheduler that signals every node): torchrun gets each stop once.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Iterator
@@ -31,6 +41,10 @@ from typing import Iterator
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 # torchrun relays these to its workers (its default list lacks SIGUSR1).
 TORCHRUN_RELAYS = "SIGTERM,SIGINT,SIGUSR1,SIGHUP,SIGQUIT"
+# Set by a multi-node launcher for its workers: where a stop agreed with other nodes is
+# written, and the launcher's process id, sent NOTICE_SIGNAL after the write.
+STOP_NOTICE, LAUNCHER_PID = "TRAINWISE_STOP_NOTICE", "TRAINWISE_LAUNCHER_PID"
+NOTICE_SIGNAL = signal.SIGUSR2
 
 
 class Preempted(Exception):
@@ -54,6 +68,7 @@ class StopSignals:
     def __init__(self, distributed: bool = False, device=None):
         self.received: int | None = None
         self._distributed, self._device = distributed, device
+        self._told_launcher = False
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> "StopSignals":
@@ -78,7 +93,11 @@ class StopSignals:
 
         flag = torch.tensor([self.received or 0], dtype=torch.int64, device=self._device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return int(flag.item()) or None
+        agreed = int(flag.item()) or None
+        if agreed and self.received is None and not self._told_launcher:
+            self._told_launcher = True
+            tell_launcher(agreed)
+        return agreed
 
     def _on_signal(self, signum: int, frame) -> None:
         if self.received == signum and not self._distributed:
@@ -90,6 +109,19 @@ class StopSignals:
             self.received = signum
 
 
+def tell_launcher(signum: int) -> None:
+    """Tell this node's launcher (when it asked, see STOP_NOTICE) that the job stops on
+    `signum`, which another node received."""
+    notice, launcher = os.environ.get(STOP_NOTICE), os.environ.get(LAUNCHER_PID)
+    if not notice or not launcher:
+        return
+    temporary = Path(f"{notice}.{os.getpid()}")  # ranks of one node may write at once
+    temporary.write_text(str(signum))
+    os.replace(temporary, notice)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(int(launcher), NOTICE_SIGNAL)
+
+
 def start_relaying_child(command: list[str], env: dict, **popen_args) -> subprocess.Popen:
     """Start `command` (torchrun) in its own session, told to pass every stop signal on to
     its workers: a terminal's Ctrl-C then reaches it once, through `relaying_stop_signals`,
@@ -99,17 +131,34 @@ def start_relaying_child(command: list[str], env: dict, **popen_args) -> subproc
 
 
 @contextlib.contextmanager
-def relaying_stop_signals(child: subprocess.Popen) -> Iterator[list[int]]:
+def relaying_stop_signals(child: subprocess.Popen, notice: Path | None = None) -> Iterator[list[int]]:
     """While active, each stop signal this process gets is sent on to `child`; yields the
-    list of the signals relayed so far (see `exit_code_after`)."""
+    list of the signals relayed so far (see `exit_code_after`). With `notice`, a stop the
+    workers agreed with other nodes (see `tell_launcher`) is relayed too, unless one was."""
     relayed: list[int] = []
+    from_peer: list[int] = []  # a stop relayed for another node: this node's own copy may follow
 
     def relay(signum, frame):
+        if from_peer and from_peer.pop() == signum:
+            return  # the scheduler signalled every node (Slurm): torchrun has it already, once
         relayed.append(signum)
         if child.poll() is None:
             child.send_signal(signum)
 
+    def peer_stop(signum, frame):
+        try:
+            stop = int(notice.read_text())
+        except (OSError, ValueError):
+            return
+        if not relayed:
+            print(f"trainwise: another node was stopped by {signal.Signals(stop).name}; this node's ranks stop "
+                  "after the same step and save", file=sys.stderr, flush=True)
+            relay(stop, frame)
+            from_peer.append(stop)
+
     previous = {signum: signal.signal(signum, relay) for signum in STOP_SIGNALS}
+    if notice is not None:
+        previous[NOTICE_SIGNAL] = signal.signal(NOTICE_SIGNAL, peer_stop)
     try:
         yield relayed
     finally:

@@ -44,8 +44,15 @@ class RunConfig:
     checkpoint_async: bool = knob(False, "with --nproc: write --save-every checkpoints in the background while "
                                          "training goes on (one in flight at a time; each rank holds a copy of its "
                                          "shards in host memory until written); the last save is synchronous")
-    max_restarts: int = knob(0, "with --nproc: restart the whole job up to N times when a process fails, "
-                                "continuing from the newest checkpoint in --output", minimum=0)
+    max_restarts: int = knob(0, "with --nproc (and --nnodes): restart the whole job up to N times when a "
+                                "process fails, continuing from the newest checkpoint in --output", minimum=0)
+    nnodes: int = knob(1, "nodes of the job, each running `trainwise train` with the same flags and its own "
+                          "--node-rank; --nproc is per node (1: this node alone, no rendezvous)", minimum=1)
+    node_rank: int = knob(0, "with --nnodes N: this node's number, 0 to N-1", minimum=0)
+    rdzv_endpoint: str | None = knob(None, "with --nnodes N: HOST:PORT of torchrun's c10d rendezvous, the same on "
+                                           "every node (e.g. the first node's address)", optional=True, kind=str)
+    rdzv_id: str | None = knob(None, "with --nnodes N: the job's rendezvous id, the same on every node (default: "
+                                     "derived from the command line, which every node shares)", optional=True, kind=str)
     seed: int = knob(0, "random seed (model init, data order, dropout)", minimum=0)
     metrics: str | None = knob(None, "write per-step metrics as JSON lines to this file", optional=True, kind=str)
     log_every: int = knob(1, "log metrics every N steps", minimum=1)

@@ -5,7 +5,9 @@ torchrun restarts the whole group of workers, up to R times, when any one of the
 > 0 and continues from the newest complete checkpoint *of this job* in --output: one saved
 after the job started, or the one an explicit --resume began from. A checkpoint left in a
 reused --output by an earlier job is not taken for this job's progress; with none, the
-restart starts over from step 0 (and so does its metrics file).
+restart starts over from step 0 (and so does its metrics file). Across nodes, each node's
+launcher clock is compared with the saving rank's: they must agree to better than the time
+before the first save.
 
 The job's start time comes from the `trainwise train --nproc` launcher (TRAINWISE_JOB_STARTED_NS);
 under a torchrun started by hand it is unknown, and the newest checkpoint is taken.
@@ -28,8 +30,9 @@ JOB_STARTED = "TRAINWISE_JOB_STARTED_NS"
 
 
 def check_restart_request(run: RunConfig, nproc: int) -> str | None:
-    """Raise InputError for a --max-restarts that cannot work; return a warning line for
-    one that can only start over (no checkpoint before the end), else None."""
+    """Raise InputError for a --max-restarts that cannot work for a job of `nproc`
+    processes (on all nodes); return a warning line for one that can only start over (no
+    checkpoint before the end), else None."""
     if not run.max_restarts or launched_by_trainwise():
         return None
     if under_torchrun():
@@ -67,8 +70,14 @@ def checkpoint_to_continue(output, resume: bool, started_ns: int | None) -> Path
 
 def run_for_this_attempt(run: RunConfig) -> tuple[RunConfig, Path | None]:
     """`run` as this worker must run it, and the checkpoint it continues from: a restarted
-    worker resumes from this job's newest checkpoint when there is one."""
-    if restart_attempt() == 0 or not run.output:
+    worker resumes from this job's newest checkpoint when there is one.
+
+    Under `trainwise train`'s launcher the attempt count is not asked: across nodes, when a
+    rank of one node fails, only that node's agent counts a restart; the other agents restart
+    their healthy workers for the new rendezvous round with TORCHELASTIC_RESTART_COUNT
+    unchanged, and those workers must continue from the same checkpoint. A job's first
+    workers find no checkpoint saved after the job started, so they start as asked."""
+    if not run.output or (restart_attempt() == 0 and not launched_by_trainwise()):
         return run, None
     started = os.environ.get(JOB_STARTED)
     found = checkpoint_to_continue(run.output, run.resume, int(started) if started else None)

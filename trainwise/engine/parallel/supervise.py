@@ -68,17 +68,17 @@ def latest_checkpoint_of(run: RunConfig) -> Path | None:
     return latest_checkpoint(run.output) if run.output else None
 
 
-def watch_job(command: list[str], env: dict, run: RunConfig) -> int:
+def watch_job(command: list[str], env: dict, run: RunConfig, notice: Path | None = None) -> int:
     """Run torchrun `command`; its exit code (128 + a stop signal relayed to it, see
-    trainwise.engine.preemption). Restarts and the failing rank are announced on stderr,
-    one line each."""
+    trainwise.engine.preemption; `notice`: where the workers write a stop agreed with other
+    nodes). Restarts and the failing rank are announced on stderr, one line each."""
     started_ns = time.time_ns()
     watcher = FailureWatcher(run, started_ns)
     with start_relaying_child(command, {**env, JOB_STARTED: str(started_ns)}, stderr=subprocess.PIPE) as process:
         relay = threading.Thread(target=_relay, args=(process.stderr, watcher), daemon=True)
         relay.start()
         try:
-            with relaying_stop_signals(process) as relayed:  # SIGTERM, SIGINT, SIGUSR1 reach every worker
+            with relaying_stop_signals(process, notice) as relayed:  # SIGTERM, SIGINT, SIGUSR1 reach every worker
                 code = process.wait()
         except BaseException:
             process.kill()  # as subprocess.run does when interrupted
