@@ -28,7 +28,6 @@ def register(commands) -> None:
                              "approximately or ignored is listed")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--by-module", action="store_true", help="also show which modules hold the activations")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
     add_knob_flags(parser)
     add_auto_batch_flags(parser)
     parser.set_defaults(run=run)

@@ -11,7 +11,6 @@ def register(commands) -> None:
     parser.add_argument("--out", required=True, help="directory to write, outside the checkpoint's run (replaced "
                                                       "atomically if trainwise wrote it before; anything else "
                                                       "there is refused)")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
     parser.set_defaults(run=run)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 def register(commands) -> None:
     parser = commands.add_parser("models", help="list the model catalog (architectures only, no weights)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
     parser.set_defaults(run=run)
 
 

@@ -31,7 +31,6 @@ def register(commands) -> None:
     parser.add_argument("--task", default=None, help="causal-lm, seq-cls, seq2seq or masked-lm")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow a local model directory's own code")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
     add_knob_flags(parser)
     add_auto_batch_flags(parser)
     add_verify_arguments(parser)

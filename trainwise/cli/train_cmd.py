@@ -26,7 +26,6 @@ def register(commands) -> None:
     parser.add_argument("--task", default=None, help="causal-lm, seq-cls, seq2seq or masked-lm")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="allow a local model directory's own Python code to run (off by default)")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
     add_knob_flags(parser)
     add_spec_flags(parser.add_argument_group("run settings"), RunConfig.specs())
     add_auto_batch_flags(parser)  # --plan auto and --batch-size auto: trainwise/cli/train_auto.py

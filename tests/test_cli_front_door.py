@@ -1,0 +1,64 @@
+"""The command line as a newcomer meets it: a quickstart, a version, did-you-mean, one
+error prefix, flags in sections, and answers before the heavy imports."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from trainwise.cli.main import main
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_bare_trainwise_prints_the_three_command_quickstart(capsys):
+    code, out, _ = run_cli(capsys)
+    assert code == 0
+    for command in ("trainwise estimate", "trainwise plan", "trainwise train tiny-llama --plan auto"):
+        assert command in out
+    assert "usage:" not in out
+
+
+def test_version_comes_from_the_package_metadata(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.strip() == f"trainwise {version('trainwise')}"
+
+
+def test_a_misspelled_flag_names_the_closest_flag_once_prefixed(capsys):
+    code, _, err = run_cli(capsys, "train", "tiny-llama", "--seqlen", "4")
+    assert code == 2
+    assert err.strip() == "trainwise: error: train: unknown flag --seqlen (did you mean --seq-len?); see --help"
+    assert err.count("trainwise") == 1
+
+
+def test_a_missing_argument_is_named_without_repeating_the_program(capsys):
+    code, _, err = run_cli(capsys, "estimate")
+    assert code == 2 and err.count("trainwise") == 1 and "MODEL" in err
+
+
+def test_debug_is_one_flag_on_every_command():
+    from trainwise.cli.main import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    for name, sub in {"": parser, **commands}.items():
+        debug = [a for a in sub._actions if "--debug" in a.option_strings]
+        assert len(debug) == 1, name
+
+
+def test_debug_is_declared_in_one_place_in_the_source():
+    from pathlib import Path
+
+    import trainwise.cli
+
+    sources = Path(trainwise.cli.__file__).parent.glob("*.py")
+    assert sum(path.read_text().count('add_argument("--debug"') for path in sources) == 1
