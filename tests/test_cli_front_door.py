@@ -62,3 +62,43 @@ def test_debug_is_declared_in_one_place_in_the_source():
 
     sources = Path(trainwise.cli.__file__).parent.glob("*.py")
     assert sum(path.read_text().count('add_argument("--debug"') for path in sources) == 1
+
+
+def _help_sections(command):
+    from trainwise.cli.main import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices[command]
+    return {group.title: [(a.option_strings or [a.dest])[0] for a in group._group_actions] for group in sub._action_groups}
+
+
+@pytest.mark.parametrize("command", ["estimate", "plan", "train", "bench"])
+def test_every_knob_flag_sits_in_the_section_its_declaration_names(command):
+    from trainwise.engine.run_config import RunConfig
+    from trainwise.plan import Plan
+    from trainwise.plan.knobs import GROUPS
+
+    sections = _help_sections(command)
+    specs = (*Plan.specs(), *(RunConfig.specs() if command == "train" else ()))
+    for spec in specs:
+        assert spec.flag in sections[spec.group], (spec.name, spec.group)
+    titles = [title for title in sections if title in GROUPS]
+    assert titles == [title for title in GROUPS if title in titles]  # shown in the declared order
+    assert len(titles) == len(GROUPS) - (command != "train")  # only train has run settings
+    assert len(sections["options"]) < 15  # the command's own flags, not every knob in one list
+
+
+def test_train_writes_to_out_and_still_accepts_output():
+    from trainwise.cli.main import build_parser
+
+    for flag in ("--out", "--output"):
+        args = build_parser().parse_args(["train", "tiny-llama", flag, "runs/a"])
+        assert args.output == "runs/a"
+    assert "--out" in _help_sections("train")["run and output"]
+
+
+def test_a_knob_must_name_a_known_section():
+    from trainwise.plan.knobs import knob
+
+    with pytest.raises(ValueError, match="knob group"):
+        knob(1, "a knob", group="miscellaneous")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from trainwise.cli.flags import add_auto_batch_flags, add_knob_flags, add_spec_flags, plan_from_args, typed_values
+from trainwise.cli.flags import add_auto_batch_flags, add_knob_flags, plan_from_args, typed_values
 from trainwise.cli.verify_args import add_verify_arguments
 from trainwise.engine.reports import check_reports
 from trainwise.engine.run_config import RunConfig
@@ -26,8 +26,7 @@ def register(commands) -> None:
     parser.add_argument("--task", default=None, help="causal-lm, seq-cls, seq2seq or masked-lm")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="allow a local model directory's own Python code to run (off by default)")
-    add_knob_flags(parser)
-    add_spec_flags(parser.add_argument_group("run settings"), RunConfig.specs())
+    add_knob_flags(parser, RunConfig.specs())
     add_auto_batch_flags(parser)  # --plan auto and --batch-size auto: trainwise/cli/train_auto.py
     add_verify_arguments(parser)
     parser.set_defaults(run=run)
