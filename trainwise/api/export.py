@@ -25,7 +25,7 @@ _HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "mode
 
 def export_checkpoint(checkpoint, out) -> Path:
     """Export `checkpoint` (a checkpoint directory, the `latest` pointer beside it, the
-    checkpoints directory or the run's --output: the latter three mean the newest complete
+    checkpoints directory or the run's --out: the latter three mean the newest complete
     one) to the Hugging Face directory `out`."""
     given, out = Path(checkpoint), Path(out)
     checkpoint = _resolve(given)
@@ -59,7 +59,7 @@ def _resolve(path: Path) -> Path:
 
 
 def _run_directory(path: Path) -> Path:
-    """The run's --output that CHECKPOINT names or lies in (itself when it is neither)."""
+    """The run's --out that CHECKPOINT names or lies in (itself when it is neither)."""
     from trainwise.engine.checkpoint import CHECKPOINTS, LATEST
 
     if path.name == LATEST and path.is_file():

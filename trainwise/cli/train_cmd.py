@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
+from trainwise.cli.output import print_json_line, summary_object
 from trainwise.cli.flags import add_auto_batch_flags, add_knob_flags, plan_from_args, typed_values
 from trainwise.cli.verify_args import add_verify_arguments
 from trainwise.engine.reports import check_reports
@@ -26,6 +27,9 @@ def register(commands) -> None:
     parser.add_argument("--task", default=None, help="causal-lm, seq-cls, seq2seq or masked-lm")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="allow a local model directory's own Python code to run (off by default)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the run's summary as one JSON object, the last line of stdout (the header "
+                             "and progress go to stderr)")
     add_knob_flags(parser, RunConfig.specs())
     add_auto_batch_flags(parser)  # --plan auto and --batch-size auto: trainwise/cli/train_auto.py
     add_verify_arguments(parser)
@@ -77,7 +81,8 @@ def run(args) -> int:
         argv = pinned_argv(args.argv, plan, auto) if auto.plan or auto.batch else args.argv
         return launch_local(plan.nproc, argv, run_config)
     run_config = _continue_after_restart(run_config)
-    console = Console(quiet=int(os.environ.get("RANK", "0")) != 0)  # rank 0 speaks for the job
+    # rank 0 speaks for the job; with --json stdout carries only the summary
+    console = Console(quiet=int(os.environ.get("RANK", "0")) != 0, stderr=args.json)
     progress = StepProgress(console, run_config.steps)
     steps = []
 
@@ -91,6 +96,8 @@ def run(args) -> int:
     finally:
         stop_distributed()
     render_summary(result, console)
+    if args.json and not console.quiet:
+        print_json_line(summary_object(args.model or DEFAULT_MODEL, result, run_config))
     return 0
 
 

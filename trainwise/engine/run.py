@@ -250,7 +250,7 @@ def _resume_state(setup: TrainingSetup, run: RunConfig, plan: Plan) -> TrainingS
     if not run.resume:
         return fresh
     if not run.output:
-        raise InputError("--resume", "needs --output DIR (where the checkpoints are)")
+        raise InputError("--resume", "needs --out DIR (where the checkpoints are)")
     path = _checkpoint_to_resume(setup, run)
     if setup.has_mesh:
         from trainwise.engine.parallel.distributed_checkpoint import load_distributed_checkpoint
