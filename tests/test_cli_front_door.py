@@ -102,3 +102,28 @@ def test_a_knob_must_name_a_known_section():
 
     with pytest.raises(ValueError, match="knob group"):
         knob(1, "a knob", group="miscellaneous")
+
+
+def test_train_and_export_json_and_the_tokenizer_travels_with_the_model(tmp_path, capsys):
+    from test_chat_data import CONVERSATION, chat_tokenizer_dir, write_jsonl
+
+    directory, _ = chat_tokenizer_dir(tmp_path)
+    data_file = write_jsonl(tmp_path / "chat.jsonl", [{"messages": CONVERSATION}] * 8)
+    out = tmp_path / "run"
+    code, stdout, _ = run_cli(capsys, "train", "tiny-llama", "--device", "cpu", "--data", str(data_file), "--chat",
+                              "messages", "--tokenizer", str(directory), "--steps", "2", "--seq-len", "32",
+                              "--batch-size", "2", "--no-chart", "--out", str(out), "--json")
+    assert code == 0
+    summary = json.loads(stdout.strip().splitlines()[-1])  # the whole stdout is that one line
+    assert len(stdout.strip().splitlines()) == 1
+    assert summary["model"] == "tiny-llama" and summary["output"] == str(out)
+    assert summary["summary"]["steps"] == 2 and summary["plan"]["seq_len"] == 32
+    assert (out / "final" / "tokenizer_config.json").is_file()
+
+    code, stdout, _ = run_cli(capsys, "export", str(out), "--out", str(tmp_path / "hf"), "--json")
+    assert code == 0
+    exported = json.loads(stdout)
+    assert exported["out"] == str(tmp_path / "hf") and exported["tokenizer"] == str(directory)
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(tmp_path / "hf").chat_template is not None
