@@ -127,3 +127,22 @@ def test_train_and_export_json_and_the_tokenizer_travels_with_the_model(tmp_path
     from transformers import AutoTokenizer
 
     assert AutoTokenizer.from_pretrained(tmp_path / "hf").chat_template is not None
+
+
+def test_model_names_get_did_you_mean_from_the_catalog_and_the_local_cache(tmp_path, monkeypatch, capsys):
+    from huggingface_hub import constants
+
+    (tmp_path / "models--acme--tiny-llamo").mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    code, _, err = run_cli(capsys, "estimate", "acme/tiny-lamo")
+    assert code == 2 and "did you mean acme/tiny-llamo?" in err
+    code, _, err = run_cli(capsys, "estimate", "acme--tiny-llamo")
+    assert code == 2 and "in the local Hugging Face cache: acme/tiny-llamo" in err
+    code, _, err = run_cli(capsys, "estimate", "tiny-lama")
+    assert code == 2 and "closest catalog names: tiny-llama" in err
+
+
+def test_a_misspelled_gpu_names_the_closest_catalog_gpu(capsys):
+    code, _, err = run_cli(capsys, "estimate", "tiny-llama", "--device", "H10")
+    assert code == 2 and "did you mean H100?" in err and err.count("trainwise") == 1

@@ -1,20 +1,11 @@
-""""did you mean": the closest known spelling of what a user typed (flags here; model and
-GPU names use the same difflib rule where they are resolved)."""
+""""did you mean" for flags: argparse's unknown flag -> the closest flag the command knows
+(the rule, trainwise.common.suggest, is the one model and GPU names use)."""
 
 from __future__ import annotations
 
 import argparse
-import difflib
 
-# difflib's ratio: 2 x matching characters / total characters. 0.6 keeps one or two typos
-# in a flag name (--seqlen -> --seq-len is 0.93) and drops unrelated words.
-CUTOFF = 0.6
-
-
-def closest(typed: str, known, cutoff: float = CUTOFF) -> str | None:
-    """The known spelling most like `typed`, or None when none is close."""
-    found = difflib.get_close_matches(typed, list(known), n=1, cutoff=cutoff)
-    return found[0] if found else None
+from trainwise.common.suggest import closest
 
 
 def unknown_flags_message(extras: list[str], parser: argparse.ArgumentParser) -> str:
