@@ -146,3 +146,47 @@ def test_model_names_get_did_you_mean_from_the_catalog_and_the_local_cache(tmp_p
 def test_a_misspelled_gpu_names_the_closest_catalog_gpu(capsys):
     code, _, err = run_cli(capsys, "estimate", "tiny-llama", "--device", "H10")
     assert code == 2 and "did you mean H100?" in err and err.count("trainwise") == 1
+
+
+def test_train_device_naming_another_gpu_than_this_machines_is_refused(monkeypatch):
+    import torch
+
+    from trainwise.common.errors import InputError
+    from trainwise.engine.runtime import runtime_device
+    from trainwise.hardware import detect
+    from trainwise.hardware.catalog import find_gpu
+    from trainwise.hardware.device import detected_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(detect, "detect_gpus", lambda: [detected_device(find_gpu("A100-80GB"), 0)])
+    with pytest.raises(InputError) as caught:
+        runtime_device("H100")
+    assert caught.value.field == "--device" and "A100-80GB" in caught.value.message
+    assert runtime_device("A100") == torch.device("cuda", 0)  # the GPU here, by one of its names
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["train", "tiny-llama", "--seqlen", "4"], "--seqlen"),
+    (["train", "tiny-llama", "--data", "no-such-file.jsonl"], "--data"),
+    (["train", "tiny-llama", "--chat", "messages", "--data", "builtin"], "--chat"),
+    (["train", "tiny-llama", "--tokenizer", "no-such-dir"], "--tokenizer"),
+])
+def test_a_bad_flag_or_missing_file_is_answered_before_torch_is_imported(argv, field, tmp_path):
+    code = ("import sys; from trainwise.cli.main import main; "
+            f"code = main({argv!r}); print(code, 'torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.stdout.split() == ["2", "False"], result.stderr
+    assert field in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_chat_checks_its_tokenizer_before_the_plan_search(tmp_path, capsys, monkeypatch):
+    from test_chat_data import CONVERSATION, chat_tokenizer_dir, write_jsonl
+
+    import trainwise.cli.train_auto as train_auto
+
+    monkeypatch.setattr(train_auto, "resolve_auto", lambda *a, **k: pytest.fail("the search ran"))
+    directory, _ = chat_tokenizer_dir(tmp_path, template="")
+    data_file = write_jsonl(tmp_path / "chat.jsonl", [{"messages": CONVERSATION}] * 4)
+    code, _, err = run_cli(capsys, "train", "tiny-llama", "--device", "cpu", "--plan", "auto", "--data", str(data_file),
+                           "--chat", "messages", "--tokenizer", str(directory))
+    assert code == 2 and err.startswith("trainwise: error: --chat") and "no chat template" in err

@@ -8,6 +8,7 @@ import sys
 from trainwise.cli.output import print_json_line, summary_object
 from trainwise.cli.flags import add_auto_batch_flags, add_knob_flags, plan_from_args, typed_values
 from trainwise.cli.verify_args import add_verify_arguments
+from trainwise.engine.data.source_check import check_data_source
 from trainwise.engine.reports import check_reports
 from trainwise.engine.run_config import RunConfig
 
@@ -37,49 +38,17 @@ def register(commands) -> None:
 
 
 def run(args) -> int:
+    auto, plan, run_config, explicit, warning = _request(args)  # checked before the heavy imports below
     from rich.console import Console
 
-    from trainwise.api.training import check_train_request, train
-    from trainwise.engine.output_preflight import check_training_output, count_parameters_of
-    from trainwise.engine.runtime import runtime_device
-    from trainwise.engine.parallel.launch import launch_local, should_launch
-    from trainwise.engine.parallel.mesh import stop_distributed
-    from trainwise.engine.parallel.restarts import check_restart_request
-    from trainwise.models import resolve_model
-    from trainwise.plan.layout import resolve_layout
+    from trainwise.api.training import train
     from trainwise.cli.render_train import StepProgress, render_header, render_summary
-    from trainwise.plan import load_plan_file
-    from trainwise.models.families.checks import check_model_layout
+    from trainwise.cli.train_auto import train_stepping_down
+    from trainwise.engine.parallel.launch import should_launch
+    from trainwise.engine.parallel.mesh import stop_distributed
 
-    from trainwise.cli.train_auto import pinned_argv, resolve_auto, take_auto_request, train_stepping_down
-    from trainwise.engine.job import device_name_for_estimate
-
-    auto = take_auto_request(args)
-    plan = plan_from_args(args)
-    from_file = load_plan_file(args.plan) if args.plan is not None else {}
-    if args.model is None:
-        chosen = {**from_file, **typed_values(args, plan.specs())}
-        plan = plan.replace(**{k: v for k, v in DEMO_KNOBS.items() if k not in chosen})
-    run_config = RunConfig.from_dict(typed_values(args, RunConfig.specs()))
-    check_reports(run_config)
-    warning = check_restart_request(run_config, plan.nproc)
-    # With no --device anywhere, train on what is here (the Plan's default names CUDA).
-    explicit = "device" in vars(args) or "device" in from_file
-    if auto.plan or auto.batch:  # chosen for the device this run will use
-        plan = resolve_auto(auto, plan, args.model or DEFAULT_MODEL,
-                            device_name_for_estimate(runtime_device(plan.device, explicit=explicit)),
-                            args.task, args.trust_remote_code)
     if should_launch(plan.nproc):
-        # Bad input fails here, once, with exit 2, before any worker starts.
-        layout = resolve_layout(plan, plan.nproc)
-        spec = resolve_model(args.model or DEFAULT_MODEL, task=args.task, trust_remote_code=args.trust_remote_code)
-        check_train_request(plan, runtime_device(plan.device, explicit=explicit), spec, plan.nproc)
-        check_model_layout(spec.config, plan, layout)
-        check_training_output(run_config.output, plan, run_config, count_parameters_of(spec))
-        if warning:
-            print(warning, file=sys.stderr)
-        argv = pinned_argv(args.argv, plan, auto) if auto.plan or auto.batch else args.argv
-        return launch_local(plan.nproc, argv, run_config)
+        return _launch(args, auto, plan, run_config, explicit, warning)
     run_config = _continue_after_restart(run_config)
     # rank 0 speaks for the job; with --json stdout carries only the summary
     console = Console(quiet=int(os.environ.get("RANK", "0")) != 0, stderr=args.json)
@@ -99,6 +68,63 @@ def run(args) -> int:
     if args.json and not console.quiet:
         print_json_line(summary_object(args.model or DEFAULT_MODEL, result, run_config))
     return 0
+
+
+def _request(args):
+    """(auto request, Plan, RunConfig, whether --device was given, a restart warning or
+    None), every setting checked; `--plan auto` / `--batch-size auto` resolved by a search."""
+    from trainwise.cli.train_auto import resolve_auto, take_auto_request
+    from trainwise.plan import load_plan_file
+
+    auto = take_auto_request(args)
+    plan = plan_from_args(args)
+    from_file = load_plan_file(args.plan) if args.plan is not None else {}
+    if args.model is None:
+        chosen = {**from_file, **typed_values(args, plan.specs())}
+        plan = plan.replace(**{k: v for k, v in DEMO_KNOBS.items() if k not in chosen})
+    run_config = RunConfig.from_dict(typed_values(args, RunConfig.specs()))
+    check_reports(run_config)
+    check_data_source(run_config)  # before the heavy imports and any search
+    from trainwise.engine.parallel.restarts import check_restart_request
+    from trainwise.engine.runtime import runtime_device
+
+    warning = check_restart_request(run_config, plan.nproc)
+    # With no --device anywhere, train on what is here (the Plan's default names CUDA).
+    explicit = "device" in vars(args) or "device" in from_file
+    if auto.plan or auto.batch:  # chosen for the device this run will use
+        from trainwise.engine.data.chat import chat_tokenizer
+        from trainwise.engine.job import device_name_for_estimate
+
+        if run_config.chat:  # its chat template, before seconds of search
+            chat_tokenizer(run_config.tokenizer)
+
+        plan = resolve_auto(auto, plan, args.model or DEFAULT_MODEL,
+                            device_name_for_estimate(runtime_device(plan.device, explicit=explicit)),
+                            args.task, args.trust_remote_code)
+    return auto, plan, run_config, explicit, warning
+
+
+def _launch(args, auto, plan, run_config, explicit, warning) -> int:
+    """Relaunch under torchrun, after the checks that fail here, once, with exit 2, before
+    any worker starts."""
+    from trainwise.api.training import check_train_request
+    from trainwise.cli.train_auto import pinned_argv
+    from trainwise.engine.output_preflight import check_training_output, count_parameters_of
+    from trainwise.engine.parallel.launch import launch_local
+    from trainwise.engine.runtime import runtime_device
+    from trainwise.models import resolve_model
+    from trainwise.models.families.checks import check_model_layout
+    from trainwise.plan.layout import resolve_layout
+
+    layout = resolve_layout(plan, plan.nproc)
+    spec = resolve_model(args.model or DEFAULT_MODEL, task=args.task, trust_remote_code=args.trust_remote_code)
+    check_train_request(plan, runtime_device(plan.device, explicit=explicit), spec, plan.nproc)
+    check_model_layout(spec.config, plan, layout)
+    check_training_output(run_config.output, plan, run_config, count_parameters_of(spec))
+    if warning:
+        print(warning, file=sys.stderr)
+    argv = pinned_argv(args.argv, plan, auto) if auto.plan or auto.batch else args.argv
+    return launch_local(plan.nproc, argv, run_config)
 
 
 def _continue_after_restart(run_config: RunConfig) -> RunConfig:

@@ -45,7 +45,7 @@ class Plan:
     # --- memory and speed techniques
     grad_ckpt: bool = knob(False, "gradient (activation) checkpointing per transformer block", group="precision and memory")
     activation_offload: bool = knob(False, "move the tensors the transformer blocks save for backward to pinned host "
-                                           "memory in forward, back in backward (CUDA; on cpu nothing moves)", group="precision and memory")
+                                           "memory in forward, back in backward (CUDA; refused on cpu, where nothing would move)", group="precision and memory")
     grad_ckpt_policy: str = knob("full", "with --grad-ckpt: full recomputes a checkpointed block's whole forward; "
                                          "selective keeps its matmul and attention outputs and recomputes the rest",
                                  choices=GRAD_CKPT_POLICIES, group="precision and memory")

@@ -114,7 +114,12 @@ def data_files(source: str) -> list[Path]:
         if not files:
             raise InputError("--data", f"{source} holds no .txt, .jsonl, .csv or .parquet files; allowed: {ALLOWED}")
         return files
-    raise InputError("--data", f"no such file or directory: {source}; allowed: {ALLOWED}")
+    raise missing_source(source)
+
+
+def missing_source(source: str) -> InputError:
+    """The error for a --data path that names nothing."""
+    return InputError("--data", f"no such file or directory: {source}; allowed: {ALLOWED}")
 
 
 def _load_file(datasets, builder: str, file: Path, lines: bool = False):
