@@ -190,3 +190,12 @@ def test_chat_checks_its_tokenizer_before_the_plan_search(tmp_path, capsys, monk
     code, _, err = run_cli(capsys, "train", "tiny-llama", "--device", "cpu", "--plan", "auto", "--data", str(data_file),
                            "--chat", "messages", "--tokenizer", str(directory))
     assert code == 2 and err.startswith("trainwise: error: --chat") and "no chat template" in err
+
+
+def test_a_bad_jsonl_line_is_one_line_of_ours_without_the_readers_noise(tmp_path, capfd):
+    bad = tmp_path / "d.jsonl"
+    bad.write_text('{"text": "a"}\n{"text": b}\n')
+    code = main(["train", "tiny-llama", "--device", "cpu", "--data", str(bad), "--steps", "1", "--seq-len", "8"])
+    err = capfd.readouterr().err.strip().splitlines()
+    assert code == 2 and err == [f"trainwise: error: --data: {bad} line 2 is not one JSON object (Expecting value at "
+                                 "column 10); .jsonl holds one JSON object per line"]
