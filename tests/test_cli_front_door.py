@@ -199,3 +199,14 @@ def test_a_bad_jsonl_line_is_one_line_of_ours_without_the_readers_noise(tmp_path
     err = capfd.readouterr().err.strip().splitlines()
     assert code == 2 and err == [f"trainwise: error: --data: {bad} line 2 is not one JSON object (Expecting value at "
                                  "column 10); .jsonl holds one JSON object per line"]
+
+
+def test_checkpointing_turns_the_kv_cache_off_so_transformers_has_nothing_to_warn_about():
+    from trainwise.models import build_model, resolve_model
+    from trainwise.plan import Plan
+    from trainwise.step import precision_policy, prepare_model
+
+    spec = resolve_model("tiny-llama")
+    plan = Plan(device="cpu", batch_size=1, seq_len=16, grad_ckpt=True)
+    model = prepare_model(build_model(spec, "cpu"), plan, precision_policy("fp32", "cpu"), spec.task)
+    assert model.config.use_cache is False  # else "`use_cache=True` is incompatible with gradient checkpointing"
