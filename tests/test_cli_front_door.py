@@ -210,3 +210,18 @@ def test_checkpointing_turns_the_kv_cache_off_so_transformers_has_nothing_to_war
     plan = Plan(device="cpu", batch_size=1, seq_len=16, grad_ckpt=True)
     model = prepare_model(build_model(spec, "cpu"), plan, precision_policy("fp32", "cpu"), spec.task)
     assert model.config.use_cache is False  # else "`use_cache=True` is incompatible with gradient checkpointing"
+
+
+@pytest.mark.parametrize("argv", [
+    ["models"],
+    ["estimate", "tiny-llama", "--device", "H100", "--seq-len", "64", "--tp", "2", "--pp", "2", "--nproc", "4"],
+])
+def test_tables_fit_80_columns_without_cutting_a_word(argv, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = run_cli(capsys, *argv)
+    assert code == 0
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert not any("…" in line for line in lines), [line for line in lines if "…" in line]
+    if argv == ["models"]:
+        assert any(line.startswith("│ Llama-3.2-1B ") for line in lines)  # the name MODEL takes, whole
