@@ -225,3 +225,12 @@ def test_tables_fit_80_columns_without_cutting_a_word(argv, capsys, monkeypatch)
     assert not any("…" in line for line in lines), [line for line in lines if "…" in line]
     if argv == ["models"]:
         assert any(line.startswith("│ Llama-3.2-1B ") for line in lines)  # the name MODEL takes, whole
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["estimat", "tiny-llama"], "trainwise: error: COMMAND: unknown 'estimat'; did you mean estimate?"),
+    (["estimate", "tiny-llama", "--precision", "bf61"], "(got 'bf61'); did you mean bf16?"),
+])
+def test_a_misspelled_command_or_choice_names_the_closest(argv, expected, capsys):
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2 and expected in err and err.count("trainwise") == 1

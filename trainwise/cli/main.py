@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from trainwise.engine.preemption import Preempted
 from trainwise.cli.suggest import unknown_flags_message
+from trainwise.common.suggest import closest
 from trainwise.common.errors import InputError, OutOfMemory, WriteFailed
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_OOM, EXIT_WRITE = 0, 1, 2, 3, 4
@@ -30,6 +32,12 @@ class _Parser(argparse.ArgumentParser):
     (the "trainwise: error:" prefix is main's, said once)."""
 
     def error(self, message):
+        invalid = re.fullmatch(r"argument (\S+): invalid choice: '(.*)' \(choose from (.*)\)", message)
+        if invalid:  # "did you mean" for a command or a flag with choices
+            field, typed, allowed = invalid.groups()
+            guess = closest(typed, re.findall(r"'([^']*)'", allowed))
+            raise InputError(field, f"unknown {typed!r}" + (f"; did you mean {guess}?" if guess else "")
+                             + f" (allowed: {allowed.replace(chr(39), '')})")
         raise InputError(self.prog.removeprefix("trainwise").strip() or "usage", message)
 
     def parse_args(self, args=None, namespace=None):

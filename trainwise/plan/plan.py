@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainwise.common.errors import InputError
+from trainwise.common.suggest import closest
 from trainwise.plan.knobs import KnobSpec, knob, knob_specs
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "bf16-pure")
@@ -168,7 +169,9 @@ def coerce(spec: KnobSpec, value: Any) -> Any:
     except (TypeError, ValueError):
         raise InputError(spec.flag, f"must be {spec.allowed()} (got {value!r})") from None
     if spec.choices and str(converted) not in spec.choices:
-        raise InputError(spec.flag, f"must be {spec.allowed()} (got {value!r})")
+        guess = closest(str(converted), spec.choices)
+        hint = f"; did you mean {guess}?" if guess else ""
+        raise InputError(spec.flag, f"must be {spec.allowed()} (got {value!r}){hint}")
     if spec.minimum is not None and converted < spec.minimum:
         raise InputError(spec.flag, f"must be {spec.allowed()} (got {value!r})")
     return converted
