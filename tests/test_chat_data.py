@@ -92,6 +92,8 @@ def test_more_formats_are_read(tmp_path, kind):
     ("an empty row", lambda p: write_jsonl(p / "d.jsonl", [{"text": "fine"}, {"text": "  "}]), "--data", "d.jsonl row 2"),
     ("non-UTF-8 bytes", lambda p: (p / "d.txt").write_bytes(b"good line\n\xff\xfe bad\n") and p / "d.txt",
      "--data", "d.txt row 2"),
+    ("a line that is not JSON", lambda p: (p / "d.jsonl").write_text('{"text": "a"}\n\n{"text": b}\n') and p / "d.jsonl",
+     "--data", "d.jsonl line 3 is not one JSON object"),
     ("a conversation without an assistant turn", lambda p: write_jsonl(p / "c.jsonl", [
         {"messages": CONVERSATION}, {"messages": [{"role": "user", "content": "hi"}]}]), "--chat", "c.jsonl row 2"),
     ("a message without a role", lambda p: write_jsonl(p / "c.jsonl", [{"messages": [{"content": "hi"}]}]),

@@ -99,8 +99,8 @@ def test_a_stop_signal_without_output_says_that_nothing_could_be_saved(fault_log
         signal.signal(signal.SIGUSR1, before)
 
     assert stopped.value.exit_code == 128 + signal.SIGUSR1
-    assert str(stopped.value) == ("stopped by SIGUSR1 after step 2 of 5; nothing could be saved (no --output): "
-                                  "rerun with --output DIR to keep progress")
+    assert str(stopped.value) == ("stopped by SIGUSR1 after step 2 of 5; nothing could be saved (no --out): "
+                                  "rerun with --out DIR to keep progress")
     fault_log(kind="fault", case="SIGUSR1 during a run without --output", exit_code=stopped.value.exit_code,
               message=f"trainwise: {stopped.value}", lost=0)
 

@@ -138,7 +138,7 @@ def test_without_restarts_a_killed_rank_stops_the_job_promptly_naming_the_rank(t
 
 @pytest.mark.fault
 @pytest.mark.parametrize("args, expected", [
-    (["--nproc", "2"], "trainwise: error: --max-restarts: needs --output DIR: a restarted job continues from "
+    (["--nproc", "2"], "trainwise: error: --max-restarts: needs --out DIR: a restarted job continues from "
                        "the checkpoints saved there"),
     (["--output", "DIR"], "trainwise: error: --max-restarts: needs --nproc 2 or more (a single process is "
                           "not restarted; continue it with --resume)"),

@@ -255,9 +255,9 @@ def test_train_output_naming_a_file_is_refused_before_the_build(tmp_path, capsys
     monkeypatch.setattr(training, "_build", _must_not_run)
     target = tmp_path / "run.txt"
     target.write_text("notes")
-    line = _quick_refusal([*TRAIN, "--output", str(target)], capsys, "--output")
+    line = _quick_refusal([*TRAIN, "--output", str(target)], capsys, "--out")
     assert str(target) in line and "file" in line and target.read_text() == "notes"
-    nested = _quick_refusal([*TRAIN, "--output", str(target / "sub")], capsys, "--output")
+    nested = _quick_refusal([*TRAIN, "--output", str(target / "sub")], capsys, "--out")
     assert "file" in nested and sorted(os.listdir(tmp_path)) == ["run.txt"]
     fault_log(kind="bad input", case="train --output naming an existing file", exit_code=2, message=line, lost=0)
     fault_log(kind="bad input", case="train --output naming a path under a file", exit_code=2, message=nested,
@@ -292,7 +292,7 @@ def test_train_output_in_a_read_only_directory_is_refused(tmp_path, capsys, faul
         try:
             if os.access(locked, os.W_OK):
                 pytest.skip("cannot mount here and this process writes through a read-only mode (root)")
-            line = _quick_refusal([*TRAIN, "--output", str(locked / "run")], capsys, "--output")
+            line = _quick_refusal([*TRAIN, "--output", str(locked / "run")], capsys, "--out")
             assert "read-only" in line and not os.listdir(locked)
         finally:
             if not mounted:
@@ -312,7 +312,7 @@ def test_train_output_without_room_is_refused_with_the_numbers(tmp_path, capsys,
 
             full = shutil.disk_usage(tmp_path)._replace(free=1024**2)
             monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: full)
-        line = _quick_refusal([*TRAIN, "--output", str(small / "run")], capsys, "--output")
+        line = _quick_refusal([*TRAIN, "--output", str(small / "run")], capsys, "--out")
         assert "need " in line and "1.0 MiB free" in line and not os.listdir(small)
     how = "a 1 MiB tmpfs" if mounted else "a filesystem with 1 MiB free (disk_usage patched)"
     fault_log(kind="fault", case=f"train --output on {how}; the tiny model needs about 20 MiB", exit_code=2,
@@ -340,7 +340,7 @@ def test_train_under_nproc_checks_the_output_before_torchrun(tmp_path, capsys, f
     monkeypatch.setattr(launch, "launch_local", _must_not_run)
     target = tmp_path / "run.txt"
     target.write_text("notes")
-    line = _quick_refusal([*TRAIN, "--nproc", "2", "--output", str(target)], capsys, "--output")
+    line = _quick_refusal([*TRAIN, "--nproc", "2", "--output", str(target)], capsys, "--out")
     assert "file" in line and target.read_text() == "notes"
     fault_log(kind="bad input", case="train --nproc 2 --output naming an existing file", exit_code=2, message=line,
               lost=0)
@@ -356,7 +356,7 @@ def test_train_refuses_before_the_build_a_final_directory_it_did_not_write(tmp_p
     final.mkdir(parents=True)
     (final / "my-notes.txt").write_text("notes")
     before = tree_digest(tmp_path)
-    line = _quick_refusal([*TRAIN, "--output", str(tmp_path / "run")], capsys, "--output")
+    line = _quick_refusal([*TRAIN, "--output", str(tmp_path / "run")], capsys, "--out")
     assert str(final) in line and tree_digest(tmp_path) == before
     fault_log(kind="bad input", case="train --output RUN where RUN/final is a directory trainwise did not write",
               exit_code=2, message=line, lost=lost_files(before, tree_digest(tmp_path)))
@@ -387,3 +387,16 @@ def test_meta_parameter_count_matches_the_built_model():
     spec = resolve_model("tiny-gpt2")
     built = build_model(spec, device="cpu")
     assert count_parameters_of(spec) == sum(p.numel() for p in built.parameters()) == count_parameters_of(built)
+
+
+@pytest.mark.fault
+def test_train_into_a_used_out_without_resume_is_refused_and_nothing_replaced(run, capsys, fault_log, monkeypatch):
+    import trainwise.engine.job as training
+
+    monkeypatch.setattr(training, "_build", _must_not_run)
+    before = tree_digest(run)
+    line = _quick_refusal([*TRAIN, "--out", str(run)], capsys, "--out")
+    assert "--resume" in line and "fresh folder" in line and "checkpoints/" in line and "final/" in line
+    assert tree_digest(run) == before
+    fault_log(kind="bad input", case="train --out RUN where RUN holds an earlier run, without --resume", exit_code=2,
+              message=line, lost=lost_files(before, tree_digest(run)))

@@ -219,7 +219,7 @@ def test_bad_verify_flags_are_refused_before_any_run(argv, field, fault_log):
 def test_too_few_steps_or_an_absent_gpu_are_refused_before_any_run(monkeypatch, tmp_path, fault_log):
     fake = FakeRunner({})
     monkeypatch.setattr(runner, "run_row", fake)
-    monkeypatch.setattr(verify, "detect_gpus", lambda: [])  # whatever this machine has
+    monkeypatch.setattr(verify, "catalog_gpu_present", lambda name: False)  # whatever this machine has
     cases = [("--verify-steps 2 on the CPU", cpu_device(), 2), ("a catalog GPU not present", catalog_device(find_gpu("H100")), 5)]
     for case, device, steps in cases:
         with pytest.raises(InputError) as refused:

@@ -19,7 +19,7 @@ from trainwise.plan.combinations import check_combinations
 from trainwise.common.errors import InputError, NotSupportedYet
 from trainwise.plan.layout import Layout
 from trainwise.plan.plan import Plan
-from trainwise.step.activation_offload import CPU_OFFLOAD_NOTE, check_activation_offload
+from trainwise.step.activation_offload import check_activation_offload
 from trainwise.step.float8 import check_float8
 from trainwise.step.kernels import check_kernels
 from trainwise.step.fused_loss_model import check_fused_loss_layout, check_fused_loss_model
@@ -52,7 +52,6 @@ def check_request_and_layout(plan: Plan, device: Device, spec: ModelSpec | None 
             check_fused_loss_model(spec.task, spec.config)
     if here:
         check_installation(plan, device.kind)
-    notes += [CPU_OFFLOAD_NOTE] if plan.activation_offload and device.kind == "cpu" else []
     if plan.attention != "auto":
         check_flash(plan, device, spec, here)
     else:
@@ -73,6 +72,10 @@ def check_device_support(plan: Plan, device: Device) -> None:
         if plan.classic != "none":
             raise InputError("--classic", f"{plan.classic} spreads one process over several GPUs; on cpu there is "
                                           "one device, so it would change nothing: drop --classic")
+        if plan.activation_offload:
+            raise InputError("--activation-offload", "moves saved tensors from a GPU to host memory; on cpu they "
+                                                     "already are there, so it would change nothing: drop "
+                                                     "--activation-offload")
         check_flash(plan, device)
         return
     check_flash(plan, device)

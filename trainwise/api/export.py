@@ -25,7 +25,7 @@ _HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "mode
 
 def export_checkpoint(checkpoint, out) -> Path:
     """Export `checkpoint` (a checkpoint directory, the `latest` pointer beside it, the
-    checkpoints directory or the run's --output: the latter three mean the newest complete
+    checkpoints directory or the run's --out: the latter three mean the newest complete
     one) to the Hugging Face directory `out`."""
     given, out = Path(checkpoint), Path(out)
     checkpoint = _resolve(given)
@@ -47,7 +47,26 @@ def export_checkpoint(checkpoint, out) -> Path:
         else:
             _copy_hf_files(checkpoint, tmp)
         _check_written(tmp, out, model, dtype)
+        _copy_tokenizer(run_tokenizer(checkpoint), tmp)
     return out
+
+
+def run_tokenizer(checkpoint) -> Path | None:
+    """The tokenizer directory the checkpoint's run trained with (`--tokenizer`, recorded in
+    its trainwise.json), or None for byte tokens."""
+    info_file = _resolve(Path(checkpoint)) / "trainwise.json"
+    recorded = (json.loads(info_file.read_text()).get("run") or {}).get("tokenizer") if info_file.is_file() else None
+    return Path(recorded).expanduser() if recorded else None
+
+
+def _copy_tokenizer(directory: Path | None, target: Path) -> None:
+    """The run's tokenizer saved beside the model, so the export loads as a pair; a tokenizer
+    directory that is gone since the run is left out (the command says so)."""
+    if directory is None or not directory.is_dir():
+        return
+    from trainwise.engine.data.tokens import LocalTokenizer
+
+    LocalTokenizer(str(directory)).hf_tokenizer.save_pretrained(target)
 
 
 def _resolve(path: Path) -> Path:
@@ -59,7 +78,7 @@ def _resolve(path: Path) -> Path:
 
 
 def _run_directory(path: Path) -> Path:
-    """The run's --output that CHECKPOINT names or lies in (itself when it is neither)."""
+    """The run's --out that CHECKPOINT names or lies in (itself when it is neither)."""
     from trainwise.engine.checkpoint import CHECKPOINTS, LATEST
 
     if path.name == LATEST and path.is_file():

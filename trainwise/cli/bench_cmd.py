@@ -30,7 +30,6 @@ def register(commands) -> None:
     parser.add_argument("--task", default=None, help="causal-lm, seq-cls, seq2seq or masked-lm")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the rows as JSON (progress goes to stderr)")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
     add_knob_flags(parser)
     parser.description += " Knob flags and --plan set the base of every rung; a rung's own knobs win."
     parser.set_defaults(run=run)

@@ -19,7 +19,6 @@ def register(commands) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="a few seconds instead of about a minute: coarse, for tests")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
     parser.set_defaults(run=run)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 def register(commands) -> None:
     parser = commands.add_parser("env", help="show this machine: GPUs, links, versions, optional packages")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
     parser.set_defaults(run=run)
 
 

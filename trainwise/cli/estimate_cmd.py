@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainwise.cli.flags import add_auto_batch_flags, add_knob_flags, number_option, plan_from_args
+from trainwise.cli.flags import add_auto_batch_flags, add_knob_flags, number_option, plan_from_args, section
 
 
 def register(commands) -> None:
@@ -18,9 +18,10 @@ def register(commands) -> None:
     parser.add_argument("--profile", metavar="FILE", default=None,
                         help="device profile for the step time (written by trainwise calibrate; default: the "
                              "cached calibration of the device, else the catalog's figures for a catalog GPU)")
-    parser.add_argument("--gpus-per-node", default=None, metavar="G",
+    layout = section(parser, "parallel layout")
+    layout.add_argument("--gpus-per-node", default=None, metavar="G",
                         help="under a layout: GPUs per node, ranks numbered node by node (default: all on one node)")
-    parser.add_argument("--inter-node-gbps", default=None, metavar="X",
+    layout.add_argument("--inter-node-gbps", default=None, metavar="X",
                         help="under a layout: the link between nodes, Gbit/s per GPU (default: 400)")
     parser.add_argument("--from-training-args", metavar="FILE", action="append", default=None,
                         help="read the plan from a Transformers TrainingArguments JSON (to_json_string()), a DeepSpeed "
@@ -28,7 +29,6 @@ def register(commands) -> None:
                              "approximately or ignored is listed")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--by-module", action="store_true", help="also show which modules hold the activations")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
     add_knob_flags(parser)
     add_auto_batch_flags(parser)
     parser.set_defaults(run=run)

@@ -6,27 +6,48 @@ import argparse
 from typing import Any, Iterable
 
 from trainwise.plan import KnobSpec, Plan, plan_from_sources
+from trainwise.plan.knobs import GROUPS
 
 
-def add_knob_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per Plan knob, plus --plan FILE. Defaults are suppressed so only flags the
-    user typed override the plan file; validation happens once, in Plan.from_dict."""
-    group = parser.add_argument_group("plan knobs (override --plan FILE)")
-    group.add_argument("--plan", metavar="FILE", default=None, help="YAML or JSON file of knob values")
-    add_spec_flags(group, Plan.specs())
+def add_knob_flags(parser: argparse.ArgumentParser, more: Iterable[KnobSpec] = ()) -> None:
+    """One flag per Plan knob (and per setting in `more`: the RunConfig's on `train`), each in
+    the --help section its declaration names, plus --plan FILE. Defaults are suppressed so
+    only flags the user typed override the plan file; validation happens once, in
+    Plan.from_dict."""
+    positionals = " ".join(f"[{a.metavar}]" if a.nargs == "?" else a.metavar
+                           for a in parser._positionals._group_actions)
+    parser.usage = f"%(prog)s {positionals} [FLAGS]"  # not every flag: the sections below list them
+    parser.add_argument("--plan", metavar="FILE", default=None,
+                        help="YAML or JSON file of knob values (the flags below override it)")
+    add_spec_flags(parser, (*Plan.specs(), *more))
+    # --help shows the sections in the declared order, after the command's own options,
+    # whichever was created first (a command may put its own flags in a section).
+    own = [g for g in parser._action_groups if g.title not in GROUPS]
+    parser._action_groups[:] = own[:2] + sorted((g for g in parser._action_groups if g.title in GROUPS),
+                                                key=lambda g: GROUPS.index(g.title)) + own[2:]
 
 
-def add_spec_flags(group, specs: Iterable[KnobSpec]) -> None:
-    """One flag per declared setting; values stay strings until the owner class validates them."""
+def section(parser: argparse.ArgumentParser, title: str):
+    """The argument group called `title` of `parser`, created when it has none yet."""
+    for group in parser._action_groups:
+        if group.title == title:
+            return group
+    return parser.add_argument_group(title)
+
+
+def add_spec_flags(parser: argparse.ArgumentParser, specs: Iterable[KnobSpec]) -> None:
+    """One flag per declared setting, in its section; values stay strings until the owner
+    class validates them."""
     for spec in specs:
+        group = section(parser, spec.group)
         default_text = f" (default: {spec.default})" if spec.default is not None else ""
         if spec.kind is bool:
-            group.add_argument(spec.flag, dest=spec.name, action="store_const", const=True,
+            group.add_argument(spec.flag, *spec.aliases, dest=spec.name, action="store_const", const=True,
                                default=argparse.SUPPRESS, help=spec.help + default_text)
         else:
             metavar = "{" + ",".join(spec.choices) + "}" if spec.choices else spec.kind.__name__.upper()
-            group.add_argument(spec.flag, dest=spec.name, metavar=metavar, default=argparse.SUPPRESS,
-                               help=spec.help + default_text)
+            group.add_argument(spec.flag, *spec.aliases, dest=spec.name, metavar=metavar,
+                               default=argparse.SUPPRESS, help=spec.help + default_text)
 
 
 def typed_values(args: argparse.Namespace, specs: Iterable[KnobSpec]) -> dict[str, Any]:
@@ -43,11 +64,13 @@ def plan_from_args(args: argparse.Namespace, underneath: dict[str, Any] | None =
 
 def add_auto_batch_flags(parser: argparse.ArgumentParser) -> None:
     """--global-batch and --memory-margin, the settings of `--batch-size auto`."""
-    group = parser.add_argument_group("--batch-size auto (the largest micro-batch predicted to fit)")
+    group = section(parser, "batch shape")
     group.add_argument("--global-batch", default=None, metavar="B",
-                       help="samples per optimizer step over all replicas, kept by accumulation")
+                       help="samples per optimizer step over all replicas, kept by accumulation "
+                            "(with --batch-size auto: the largest micro-batch predicted to fit)")
     group.add_argument("--memory-margin", default="0.05", metavar="FRACTION",
-                       help="share of device memory left free when checking a fit (default: 0.05)")
+                       help="with --batch-size auto: share of device memory left free when checking a fit "
+                            "(default: 0.05)")
 
 
 def take_auto_batch(args: argparse.Namespace) -> bool:

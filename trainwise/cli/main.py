@@ -7,19 +7,53 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from trainwise.engine.preemption import Preempted
+from trainwise.cli.suggest import unknown_flags_message
+from trainwise.common.suggest import closest
 from trainwise.common.errors import InputError, OutOfMemory, WriteFailed
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_OOM, EXIT_WRITE = 0, 1, 2, 3, 4
 
 
+QUICKSTART = """trainwise: predict, plan, train and measure transformer training.
+
+  trainwise estimate tiny-llama --device H100       memory and step time of one step, predicted
+  trainwise plan tiny-llama --device H100 --gpus 8  the fastest plans predicted to fit, ranked
+  trainwise train tiny-llama --plan auto            train with the plan chosen for this machine
+
+trainwise COMMAND --help lists a command's flags; trainwise --help lists the commands."""
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, but usage errors become our one-line exit-2 errors."""
+    """argparse, but usage errors become our one-line exit-2 errors, named by the command
+    (the "trainwise: error:" prefix is main's, said once)."""
 
     def error(self, message):
-        raise InputError(self.prog, message)
+        invalid = re.fullmatch(r"argument (\S+): invalid choice: '(.*)' \(choose from (.*)\)", message)
+        if invalid:  # "did you mean" for a command or a flag with choices
+            field, typed, allowed = invalid.groups()
+            guess = closest(typed, re.findall(r"'([^']*)'", allowed))
+            raise InputError(field, f"unknown {typed!r}" + (f"; did you mean {guess}?" if guess else "")
+                             + f" (allowed: {allowed.replace(chr(39), '')})")
+        raise InputError(self.prog.removeprefix("trainwise").strip() or "usage", message)
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self._subparsers and getattr(parsed, "command", None)
+            sub = _subcommand(self, command) or self
+            raise InputError(sub.prog.removeprefix("trainwise").strip() or "usage", unknown_flags_message(extras, sub))
+        return parsed
+
+
+def _subcommand(parser: argparse.ArgumentParser, name: str | None) -> argparse.ArgumentParser | None:
+    for action in parser._subparsers._group_actions if parser._subparsers else ():
+        if name in getattr(action, "choices", {}):
+            return action.choices[name]
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                                train_cmd)
 
     parser = _Parser(prog="trainwise", description="Predict, plan, train and measure transformer training.")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--version", action="version", version=f"trainwise {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     estimate_cmd.register(commands)
     plan_cmd.register(commands)
@@ -37,7 +71,19 @@ def build_parser() -> argparse.ArgumentParser:
     env_cmd.register(commands)
     export_cmd.register(commands)
     calibrate_cmd.register(commands)
+    for command in (parser, *commands.choices.values()):  # one definition, on every command
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
     return parser
+
+
+def _version() -> str:
+    """The installed package's version (its metadata, as pip records it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trainwise")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         args.argv = list(argv)  # what `--nproc N` relaunches under torchrun
         if not getattr(args, "run", None):
-            build_parser().print_help()
-            return EXIT_BAD_INPUT
+            print(QUICKSTART)
+            return EXIT_OK if not argv else EXIT_BAD_INPUT
         return args.run(args) or EXIT_OK
     except InputError as err:
         if debug:

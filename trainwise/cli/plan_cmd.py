@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from trainwise.cli.flags import add_auto_batch_flags, add_knob_flags, explicit_knobs, number_option, take_auto_batch
+from trainwise.cli.flags import (add_auto_batch_flags, add_knob_flags, explicit_knobs, number_option, section,
+                                 take_auto_batch)
 from trainwise.cli.flags import plan_from_args
 from trainwise.cli.verify_args import add_verify_arguments, verify_count
 
@@ -16,9 +17,10 @@ def register(commands) -> None:
                                              "the plans predicted to fit and rank them by predicted tokens/s. Any "
                                              "plan flag given is held fixed.")
     parser.add_argument("model", metavar="MODEL", help="catalog name, local Hugging Face directory or module:function")
-    parser.add_argument("--gpus", default="1", metavar="N", help="GPUs in all (default: 1)")
-    parser.add_argument("--gpus-per-node", default=None, metavar="G", help="GPUs per node (default: all on one)")
-    parser.add_argument("--inter-node-gbps", default=None, metavar="X", help="link between nodes, Gbit/s per GPU")
+    layout = section(parser, "parallel layout")
+    layout.add_argument("--gpus", default="1", metavar="N", help="GPUs in all (default: 1)")
+    layout.add_argument("--gpus-per-node", default=None, metavar="G", help="GPUs per node (default: all on one)")
+    layout.add_argument("--inter-node-gbps", default=None, metavar="X", help="link between nodes, Gbit/s per GPU")
     parser.add_argument("--top", default="3", metavar="K", help="plans to show (default: 3)")
     parser.add_argument("--allow", default=None, metavar="LIST",
                         help="techniques that change the training math the search may use: "
@@ -33,7 +35,6 @@ def register(commands) -> None:
     parser.add_argument("--task", default=None, help="causal-lm, seq-cls, seq2seq or masked-lm")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow a local model directory's own code")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
     add_knob_flags(parser)
     add_auto_batch_flags(parser)
     add_verify_arguments(parser)

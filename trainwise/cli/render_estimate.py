@@ -29,9 +29,12 @@ def render_estimate(result: EstimateResult, console: Console, by_module: bool = 
     where = "rank 0" if result.layout else "one device"
     table = Table(title=f"Memory of one training step on {where} (bytes, predicted unless marked)",
                   title_justify="left")
-    for column, justify in (("part", "left"), ("size", "right"), ("bytes/param", "right"),
-                            ("share of peak", "right"), ("live at peak", "right"), ("source", "left")):
-        table.add_column(column, justify=justify)
+    # At 80 columns: labels wrap between words (never cut inside one), numbers stay whole,
+    # the source column takes what is left.
+    table.add_column("part", min_width=max(len(word) for _, label, _ in PARTS for word in label.split()))
+    for column in ("size", "B/param", "% of peak", "at peak"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("source", min_width=9)
     peak = memory.peak_allocated or 1
     for key, label, source in PARTS:
         value = getattr(memory, key)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import sys
 
-from trainwise.cli.flags import add_auto_batch_flags, add_knob_flags, add_spec_flags, plan_from_args, typed_values
+from trainwise.cli.output import print_json_line, summary_object
+from trainwise.cli.flags import add_auto_batch_flags, add_knob_flags, plan_from_args, typed_values
 from trainwise.cli.verify_args import add_verify_arguments
+from trainwise.engine.data.source_check import check_data_source
 from trainwise.engine.reports import check_reports
 from trainwise.engine.run_config import RunConfig
 
@@ -26,47 +28,30 @@ def register(commands) -> None:
     parser.add_argument("--task", default=None, help="causal-lm, seq-cls, seq2seq or masked-lm")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="allow a local model directory's own Python code to run (off by default)")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    add_knob_flags(parser)
-    add_spec_flags(parser.add_argument_group("run settings"), RunConfig.specs())
+    parser.add_argument("--json", action="store_true",
+                        help="print the run's summary as one JSON object, the last line of stdout (the header "
+                             "and progress go to stderr)")
+    add_knob_flags(parser, RunConfig.specs())
     add_auto_batch_flags(parser)  # --plan auto and --batch-size auto: trainwise/cli/train_auto.py
     add_verify_arguments(parser)
     parser.set_defaults(run=run)
 
 
 def run(args) -> int:
+    auto, plan, run_config, explicit, warning, world = _request(args)  # checked before the heavy imports below
     from rich.console import Console
 
     from trainwise.api.training import train
-    from trainwise.engine.runtime import runtime_device
+    from trainwise.cli.render_train import StepProgress, render_header, render_summary
+    from trainwise.cli.train_auto import train_stepping_down
     from trainwise.engine.parallel.launch import should_launch
     from trainwise.engine.parallel.mesh import stop_distributed
-    from trainwise.engine.parallel.nodes import check_nodes
-    from trainwise.cli.render_train import StepProgress, render_header, render_summary
-    from trainwise.plan import load_plan_file
 
-    from trainwise.cli.train_auto import resolve_auto, take_auto_request, train_stepping_down
-    from trainwise.engine.job import device_name_for_estimate
-
-    auto = take_auto_request(args)
-    plan = plan_from_args(args)
-    from_file = load_plan_file(args.plan) if args.plan is not None else {}
-    if args.model is None:
-        chosen = {**from_file, **typed_values(args, plan.specs())}
-        plan = plan.replace(**{k: v for k, v in DEMO_KNOBS.items() if k not in chosen})
-    run_config = RunConfig.from_dict(typed_values(args, RunConfig.specs()))
-    world = check_nodes(run_config, plan)  # processes on all nodes (--nnodes x --nproc)
-    warning = _check_run_settings(run_config, world)
-    # With no --device anywhere, train on what is here (the Plan's default names CUDA).
-    explicit = "device" in vars(args) or "device" in from_file
-    if auto.plan or auto.batch:  # chosen for the device this run will use
-        plan = resolve_auto(auto, plan, args.model or DEFAULT_MODEL,
-                            device_name_for_estimate(runtime_device(plan.device, explicit=explicit)),
-                            args.task, args.trust_remote_code)
     if should_launch(plan.nproc, run_config):
-        return _launch(args, plan, run_config, world, explicit, auto, warning)
+        return _launch(args, auto, plan, run_config, world, explicit, warning)
     run_config = _continue_after_restart(run_config)
-    console = Console(quiet=int(os.environ.get("RANK", "0")) != 0)  # rank 0 speaks for the job
+    # rank 0 speaks for the job; with --json stdout carries only the summary
+    console = Console(quiet=int(os.environ.get("RANK", "0")) != 0, stderr=args.json)
     progress = StepProgress(console, run_config.steps)
     steps = []
 
@@ -80,7 +65,45 @@ def run(args) -> int:
     finally:
         stop_distributed()
     render_summary(result, console)
+    if args.json and not console.quiet:
+        print_json_line(summary_object(args.model or DEFAULT_MODEL, result, run_config))
     return 0
+
+
+def _request(args):
+    """(auto request, Plan, RunConfig, whether --device was given, a restart warning or
+    None, the job's processes on all nodes), every setting checked; `--plan auto` /
+    `--batch-size auto` resolved by a search."""
+    from trainwise.cli.train_auto import resolve_auto, take_auto_request
+    from trainwise.plan import load_plan_file
+
+    auto = take_auto_request(args)
+    plan = plan_from_args(args)
+    from_file = load_plan_file(args.plan) if args.plan is not None else {}
+    if args.model is None:
+        chosen = {**from_file, **typed_values(args, plan.specs())}
+        plan = plan.replace(**{k: v for k, v in DEMO_KNOBS.items() if k not in chosen})
+    run_config = RunConfig.from_dict(typed_values(args, RunConfig.specs()))
+    check_reports(run_config)
+    check_data_source(run_config)  # before the heavy imports and any search
+    from trainwise.engine.parallel.nodes import check_nodes
+    from trainwise.engine.runtime import runtime_device
+
+    world = check_nodes(run_config, plan)  # processes on all nodes (--nnodes x --nproc)
+    warning = _check_run_settings(run_config, world)
+    # With no --device anywhere, train on what is here (the Plan's default names CUDA).
+    explicit = "device" in vars(args) or "device" in from_file
+    if auto.plan or auto.batch:  # chosen for the device this run will use
+        from trainwise.engine.data.chat import chat_tokenizer
+        from trainwise.engine.job import device_name_for_estimate
+
+        if run_config.chat:  # its chat template, before seconds of search
+            chat_tokenizer(run_config.tokenizer)
+
+        plan = resolve_auto(auto, plan, args.model or DEFAULT_MODEL,
+                            device_name_for_estimate(runtime_device(plan.device, explicit=explicit)),
+                            args.task, args.trust_remote_code)
+    return auto, plan, run_config, explicit, warning, world
 
 
 def _check_run_settings(run_config: RunConfig, world: int) -> str | None:
@@ -90,16 +113,15 @@ def _check_run_settings(run_config: RunConfig, world: int) -> str | None:
     from trainwise.engine.parallel.mesh import under_torchrun
     from trainwise.engine.parallel.restarts import check_restart_request
 
-    check_reports(run_config)
     check_async_request(run_config, world > 1 or under_torchrun())
     return check_restart_request(run_config, world)
 
 
-def _launch(args, plan, run_config: RunConfig, world: int, explicit: bool, auto, warning: str | None) -> int:
+def _launch(args, auto, plan, run_config, world: int, explicit, warning) -> int:
     """Start torchrun for this node's processes, after the checks that can fail before any
     worker starts: bad input fails here, once, with exit 2. Under --nnodes every node runs
-    them, each for the whole job of `world` processes, and each checks the --output its
-    ranks will write their checkpoint shards to (storage shared by the nodes)."""
+    them, each for the whole job of `world` processes, and each checks the --out its ranks
+    will write their checkpoint shards to (storage shared by the nodes)."""
     from trainwise.api.training import check_train_request
     from trainwise.cli.train_auto import pinned_argv
     from trainwise.engine.output_preflight import check_training_output, count_parameters_of

@@ -62,7 +62,7 @@ def written_by_trainwise(path: str | Path) -> bool:
     return (path / MARKER).is_file() or (path / _LEGACY_CHECKPOINT_FILE).is_file() or not any(path.iterdir())
 
 
-def check_replaceable(path: str | Path, flag: str = "--output") -> None:
+def check_replaceable(path: str | Path, flag: str = "--out") -> None:
     """Raise InputError(flag, ...) unless `path` is absent or a directory trainwise may replace."""
     path = Path(path)
     if not path.exists() and not path.is_symlink():
@@ -76,7 +76,7 @@ def check_replaceable(path: str | Path, flag: str = "--output") -> None:
 
 
 @contextlib.contextmanager
-def atomic_directory(path: str | Path, flag: str = "--output") -> Iterator[Path]:
+def atomic_directory(path: str | Path, flag: str = "--out") -> Iterator[Path]:
     """Yield a fresh temporary directory beside `path`; on success it replaces `path`.
 
     If the block raises, the temporary directory is removed and `path` is untouched. An

@@ -1,6 +1,6 @@
 """Before any long work: can the run's output directory be written, and does it have room?
 
-`train --output DIR` writes checkpoints and final/ only at the end of the run (or every
+`train --out DIR` writes checkpoints and final/ only at the end of the run (or every
 --save-every steps), and `bench --out DIR` writes its results after the first row: a
 directory that cannot take them would otherwise be found out only after the work is done,
 and the run lost. So both check first (nothing is created or removed by the check):
@@ -10,6 +10,9 @@ and the run lost. So both check first (nothing is created or removed by the chec
     mode does not, as root can write there), and no file stands where a directory must go;
     final/ and final-adapter/, if present, are directories trainwise may replace
     (trainwise.common.atomic); the filesystem has room for what the run will write.
+    Without --resume, DIR holds no earlier run (no checkpoints/, final/ or final-adapter/):
+    a new run would replace that run's final/ and leave its checkpoints beside the new
+    ones, where --resume and export would later take them for this run's.
 
 Room a training run needs (bytes; simple plan arithmetic, not a trace):
 
@@ -44,6 +47,7 @@ SLACK_BYTES = 16 * 1024**2  # trainer state (RNG, scheduler), metrics, small fil
 BENCH_RESULTS_BYTES = 16 * 1024**2  # results.json, .csv, .md and chart.png of a long ladder
 _OPTIMIZER_STATES = {"adamw": 2.0, "adamw-fused": 2.0, "sgd": 1.0, "adafactor": 0.0}
 _ADAMW_8BIT_BYTES = 2.0
+RUN_RESULTS = ("checkpoints", "final", "final-adapter")  # what a run leaves in --out
 
 
 def check_output_directory(flag: str, path, need_bytes: int | None) -> None:
@@ -65,18 +69,31 @@ def check_output_directory(flag: str, path, need_bytes: int | None) -> None:
 
 
 def check_training_output(output, plan, run, parameters: int | None) -> None:
-    """The checks above for `train --output`, with the room a run of `plan` and `run` needs
+    """The checks above for `train --out`, with the room a run of `plan` and `run` needs
     for a model of `parameters` parameters; also final/ must be replaceable."""
     if not output:
         return
     need = None if parameters is None else training_output_bytes(parameters, plan, run)
-    check_output_directory("--output", output, need)
+    check_output_directory("--out", output, need)
     for name in ("final", "final-adapter"):
-        check_replaceable(Path(output) / name, "--output")
+        check_replaceable(Path(output) / name, "--out")
+    if not run.resume:
+        check_unused(output)
+
+
+def check_unused(output) -> None:
+    """InputError(--out) when `output` holds an earlier run's results (see the module docstring).
+    A worker restarted by torchrun continues its own job there, and is not asked."""
+    from trainwise.engine.parallel.restarts import restart_attempt
+
+    found = [name for name in RUN_RESULTS if (Path(output) / name).exists()]
+    if found and restart_attempt() == 0:
+        raise InputError("--out", f"{output} already holds a run ({', '.join(f + '/' for f in found)}); "
+                                  "add --resume to continue it, or name a fresh folder; nothing was replaced")
 
 
 def training_output_bytes(parameters: int, plan, run) -> int:
-    """Bytes a run writes to --output at most at once (see the module docstring)."""
+    """Bytes a run writes to --out at most at once (see the module docstring)."""
     weight_bytes = 2 if plan.precision == "bf16-pure" else 4
     weights = parameters * weight_bytes
     if plan.optim == "adamw-8bit":

@@ -49,14 +49,14 @@ NOTICE_SIGNAL = signal.SIGUSR2
 
 class Preempted(Exception):
     """The run stopped on a signal after `step` of `total` steps; `checkpoint` is where it
-    was saved (None: no --output, nothing saved). `exit_code` is 128 + the signal number."""
+    was saved (None: no --out, nothing saved). `exit_code` is 128 + the signal number."""
 
     def __init__(self, signum: int, step: int, total: int, checkpoint: Path | None):
         self.signum, self.step, self.total, self.checkpoint = signum, step, total, checkpoint
         self.exit_code = 128 + signum
         name = signal.Signals(signum).name
         where = (f"checkpoint saved in {checkpoint}; continue with --resume" if checkpoint is not None
-                 else "nothing could be saved (no --output): rerun with --output DIR to keep progress")
+                 else "nothing could be saved (no --out): rerun with --out DIR to keep progress")
         super().__init__(f"stopped by {name} after step {step} of {total}; {where}")
 
 

@@ -3,7 +3,7 @@
 Each report is a mirror of the metrics file (`engine/metrics.py` calls its `step(line)` and
 `summary(summary)`, then `close()`), opened on rank 0 only, with the plan and the run
 settings as hyperparameters. The event files go to `--report-dir`, by default `runs/`
-under `--output`, else beside the `--metrics` file; a run with neither has nowhere to put
+under `--out`, else beside the `--metrics` file; a run with neither has nowhere to put
 them and is refused before it starts. The loss and throughput chart (`run_chart.py`) is a
 mirror too, written beside the metrics file at the end of every run that has one (unless
 --no-chart: the bench's rows, timed in fresh processes, skip it)."""
@@ -31,7 +31,7 @@ def report_targets(text: str) -> tuple[str, ...]:
 
 
 def report_directory(run) -> Path | None:
-    """Where dashboards write: --report-dir, else <--output>/runs, else beside --metrics."""
+    """Where dashboards write: --report-dir, else <--out>/runs, else beside --metrics."""
     if run.report_dir:
         return Path(run.report_dir)
     if run.output:
@@ -47,7 +47,7 @@ def check_reports(run) -> None:
     if not targets:
         return
     if report_directory(run) is None:
-        raise InputError("--report-to", "needs somewhere to write its logs: add --output DIR, --metrics FILE "
+        raise InputError("--report-to", "needs somewhere to write its logs: add --out DIR, --metrics FILE "
                                         "or --report-dir DIR")
     import importlib.util
 

@@ -245,10 +245,19 @@ def _export(run: RunConfig, setup: TrainingSetup, checkpoint: Path) -> dict:
     """The final weights as a Hugging Face directory (rank 0 writes it; a distributed run
     exports from its reshardable checkpoint)."""
     if not setup.has_mesh:
-        return export_final(run.output, setup.model)
+        return export_final(run.output, setup.model, tokenizer=_run_tokenizer(run))
     from trainwise.engine.parallel.distributed_checkpoint import export_from_distributed
 
     return export_from_distributed(run.output, checkpoint, setup)
+
+
+def _run_tokenizer(run: RunConfig):
+    """The --tokenizer the run read its data with, saved beside the final model (None: byte tokens)."""
+    if not run.tokenizer:
+        return None
+    from trainwise.engine.data.tokens import LocalTokenizer
+
+    return LocalTokenizer(run.tokenizer).hf_tokenizer
 
 
 def _resume_state(setup: TrainingSetup, run: RunConfig, plan: Plan) -> TrainingState:
@@ -256,7 +265,7 @@ def _resume_state(setup: TrainingSetup, run: RunConfig, plan: Plan) -> TrainingS
     if not run.resume:
         return fresh
     if not run.output:
-        raise InputError("--resume", "needs --output DIR (where the checkpoints are)")
+        raise InputError("--resume", "needs --out DIR (where the checkpoints are)")
     path = _checkpoint_to_resume(setup, run)
     if setup.has_mesh:
         from trainwise.engine.parallel.distributed_checkpoint import load_distributed_checkpoint

@@ -31,7 +31,22 @@ def runtime_device(requested: str, *, explicit: bool = True) -> torch.device:
             raise InputError("--device", f"{requested} is not present; this machine has "
                                          f"{torch.cuda.device_count()} GPU(s)")
         return torch.device("cuda", device.index or 0)
-    return torch.device("cuda", 0)  # a catalog name: train on the GPU that is here
+    check_named_gpu_present(requested)
+    return torch.device("cuda", 0)  # a catalog name: train on the GPU that is here, which is that one
+
+
+def check_named_gpu_present(requested: str) -> None:
+    """A catalog GPU name trains on the GPU present, so it must be that GPU: a plan made for
+    another one would run with other memory and speed than it was chosen for."""
+    from trainwise.hardware.catalog import find_gpu
+    from trainwise.hardware.detect import catalog_gpu_present, detect_gpus
+
+    gpu = find_gpu(requested)
+    if gpu is None or catalog_gpu_present(gpu.name):
+        return
+    here = ", ".join(sorted({found.name for found in detect_gpus()})) or "none"
+    raise InputError("--device", f"{requested} asked for, but this machine's GPU is {here}, not {gpu.name}; "
+                                 "use --device cuda (the GPU here) or run on a machine with that GPU")
 
 
 def check_precision_supported(policy: PrecisionPolicy, device: torch.device) -> None:

@@ -178,3 +178,9 @@ def detect_gpus() -> list[Device]:
     exact memory total) or, for a GPU the catalog lacks, the figures that can be read.
     """
     return [detected_device(gpu_from_detected(found), found.index) for found in read_cuda_devices()]
+
+
+def catalog_gpu_present(name: str) -> bool:
+    """Whether this machine has a GPU of the catalog name `name` (the check `plan --verify`
+    and `train --device NAME` share: both run on the GPU that is here)."""
+    return any(found.name == name for found in detect_gpus())

@@ -6,7 +6,8 @@ import difflib
 import re
 
 from trainwise.hardware import detect
-from trainwise.hardware.catalog import all_spellings, find_gpu, gpu_names, normalize_name
+from trainwise.common.suggest import closest
+from trainwise.hardware.catalog import all_spellings, catalog, find_gpu, gpu_names, normalize_name
 from trainwise.hardware.device import Device, catalog_device, cpu_device, generic_cuda_device
 from trainwise.common.errors import InputError
 
@@ -30,7 +31,9 @@ def resolve_device(name: str) -> Device:
     gpu = find_gpu(text) if text else None
     if gpu is not None:
         return catalog_device(gpu)
-    raise InputError(FIELD, f"unknown GPU {text!r}; known: {', '.join(_known_names(text))}")
+    guess = closest(text, [*(s for gpu in catalog() for s in (gpu.name, *gpu.aliases)), "cpu", "cuda"])
+    hint = f"did you mean {guess}? " if guess else ""
+    raise InputError(FIELD, f"unknown GPU {text!r}; {hint}known: {', '.join(_known_names(text))}")
 
 
 def _present_cuda_device(index: int) -> Device:

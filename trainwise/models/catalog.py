@@ -83,5 +83,11 @@ def closest_names(name: str, count: int = 3) -> list[str]:
 
 def unknown_model_error(name: str) -> InputError:
     """The one-line error for a name that is not in the catalog."""
+    from trainwise.common.suggest import closest
+    from trainwise.models.hub_config import cached_model_ids
+
     suggestions = ", ".join(closest_names(name))
-    return InputError("MODEL", f"unknown model '{name}'; closest catalog names: {suggestions} (see `trainwise models`)")
+    cached = closest(name, cached_model_ids())
+    in_cache = f"; in the local Hugging Face cache: {cached}" if cached else ""
+    return InputError("MODEL", f"unknown model '{name}'; closest catalog names: {suggestions}{in_cache} "
+                               "(see `trainwise models`)")

@@ -23,6 +23,28 @@ def looks_like_hub_id(name: str) -> bool:
     return bool(HUB_ID.match(name)) and ".." not in name and not name.endswith(".git")
 
 
+def cached_model_ids() -> list[str]:
+    """The Hub repositories in the local Hugging Face cache ("org/name"), as the Hub client
+    lays it out (models--org--name folders); read without touching the network."""
+    from huggingface_hub import constants
+
+    root = Path(constants.HF_HUB_CACHE)
+    if not root.is_dir():
+        return []
+    return sorted(p.name.removeprefix("models--").replace("--", "/") for p in root.glob("models--*") if p.is_dir())
+
+
+def did_you_mean(name: str) -> str:
+    """"did you mean X? " for the catalog name, Hub id or cached repository closest to
+    `name`, or "" when none is close."""
+    from trainwise.common.suggest import closest
+    from trainwise.models.catalog import catalog_records
+
+    known = [*(n for r in catalog_records() for n in (r.name, r.hf_name) if n), *cached_model_ids()]
+    guess = closest(name, known)
+    return f"did you mean {guess}? " if guess else ""
+
+
 def hub_config_folder(repo_id: str, revision: str | None = None) -> Path:
     """The folder holding `repo_id`'s config.json in the local cache, fetching that one file
     when it is not cached and the Hub may be reached. InputError naming the cache otherwise."""
@@ -36,7 +58,7 @@ def hub_config_folder(repo_id: str, revision: str | None = None) -> Path:
         return Path(cached).parent
     if constants.HF_HUB_OFFLINE or _offline_now():
         raise InputError("MODEL", f"'{repo_id}' is not in the catalog and its {CONFIG_FILE} is not in the Hugging Face "
-                                  f"cache ({cache}); HF_HUB_OFFLINE=1 forbids fetching it: unset HF_HUB_OFFLINE, fetch it "
+                                  f"cache ({cache}); {did_you_mean(repo_id)}HF_HUB_OFFLINE=1 forbids fetching it: unset HF_HUB_OFFLINE, fetch it "
                                   f"once with `hf download {repo_id} {CONFIG_FILE}`, or pass a local model directory")
     try:
         path = hf_hub_download(repo_id, CONFIG_FILE, revision=revision, cache_dir=cache)
@@ -48,7 +70,7 @@ def hub_config_folder(repo_id: str, revision: str | None = None) -> Path:
         raise InputError("MODEL", f"'{repo_id}' has no {CONFIG_FILE} on the Hub: not a transformers model") from None
     except (LocalEntryNotFoundError, OSError) as error:  # no network, DNS, proxy, timeouts
         raise InputError("MODEL", f"'{repo_id}' is not in the catalog or the Hugging Face cache ({cache}), and the Hub "
-                                  f"could not be reached ({_first_line(error)}); pass a local model directory, or fetch "
+                                  f"could not be reached ({_first_line(error)}); {did_you_mean(repo_id)}pass a local model directory, or fetch "
                                   f"{CONFIG_FILE} once where the Hub can be reached") from None
     return Path(path).parent
 

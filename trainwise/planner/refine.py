@@ -91,7 +91,7 @@ REFINEMENTS = (
     Refinement("checkpointing every 2nd block", {"grad_ckpt_every": 2},
                lambda p: p.grad_ckpt and p.grad_ckpt_every == 1, lambda best: best.grad_ckpt),
     Refinement("activation offload", {"activation_offload": True}, lambda p: not p.activation_offload,
-               lambda best: best.grad_ckpt),
+               lambda best: best.grad_ckpt, runs_on=lambda device: device.kind != "cpu"),  # refused there
     # Estimated from a stand-in that keeps what Liger's kernels keep (step/liger_stand_in.py).
     Refinement("Liger kernels", {"kernels": "liger"}, lambda p: p.kernels == "none", runs_on=liger_can_run),
     # Per block (the default scope); refused with --tp, so plans with it are left as they are.

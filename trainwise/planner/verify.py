@@ -20,7 +20,7 @@ from trainwise.bench.runner import RowJob
 from trainwise.common.errors import InputError
 from trainwise.common.noise import busy_machine
 from trainwise.common.progress import Progress, silent
-from trainwise.hardware.detect import detect_gpus
+from trainwise.hardware.detect import catalog_gpu_present
 from trainwise.hardware.device import Device
 from trainwise.planner.candidate import Candidate
 from trainwise.planner.corrections import record_corrections
@@ -173,7 +173,7 @@ def _present(device: Device) -> bool:
     catalog-named plan on the GPU present)."""
     if device.source == "detected":
         return True
-    return device.source == "catalog" and any(found.name == device.name for found in detect_gpus())
+    return device.source == "catalog" and catalog_gpu_present(device.name)
 
 
 class _RunCounter:

@@ -18,8 +18,8 @@ what moves: the classic pairing; the recomputed internals stay on the device as 
 Not moved: parameters and what a view or cast makes of them (weights stay where they are),
 tensors that do not require grad (masks, the position tables every block reads), tensors
 under MIN_OFFLOAD_BYTES (a copy's fixed cost outweighs what it frees), and anything
-already in host memory. On the CPU the hooks run but move nothing (host memory is where
-the tensors already are). Saved tensors of the embeddings, the head and the loss are not
+already in host memory. On the CPU the hooks would move nothing (host memory is where
+the tensors already are), so a request for it there is refused (api/compatibility.py). Saved tensors of the embeddings, the head and the loss are not
 in a block and stay where they are."""
 
 from __future__ import annotations
@@ -37,8 +37,6 @@ MIN_OFFLOAD_BYTES = 64 * 1024
 FLAG = "--activation-offload"
 # The `op` of a host copy's record in a traced step (trainwise/trace/step_trace.py).
 OFFLOADED_OP = "activation_offload"
-CPU_OFFLOAD_NOTE = ("--activation-offload on cpu: the saved tensors already are in host memory, so nothing moves "
-                    "and no memory is saved (the hooks run; the loss is unchanged)")
 # Attribute of a prepared model holding its offloader (the trace configures it).
 OFFLOADER_ATTRIBUTE = "_trainwise_activation_offloader"
 # Autograd nodes that only view or cast their one input: a saved tensor reached from a

@@ -30,8 +30,10 @@ def prepare_model(model: nn.Module, plan: Plan, policy: PrecisionPolicy, task: s
     so its hooks sit outside the checkpoint (what moves is then the block input the
     checkpoint keeps); the dtype cast last so adapters are cast too under bf16-pure."""
     enable_router_aux_loss(model)
-    if plan.packing == "documents":
-        attend_within_documents(model)  # else a KV cache hides the documents from the mask
+    if plan.packing == "documents" or plan.grad_ckpt:
+        # documents: else a KV cache hides the documents from the mask. Checkpointing:
+        # transformers turns the cache off itself then, with a warning at every run.
+        attend_within_documents(model)
     model = apply_kernels(model, plan, task)
     if plan.lora:
         model = apply_lora(model, plan, task)

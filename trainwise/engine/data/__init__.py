@@ -17,9 +17,22 @@ Files, one concept each: build.py (sources and checks), builtin_corpus.py, recor
 text_files.py (records -> documents), chat.py (conversations -> masked rows), tokens.py
 (bytes or a local tokenizer), packing.py (rows, held-out share, padding), order.py
 (shuffling per epoch, rank shares), train_data.py (TrainData, DataLoader),
-user_dataset.py (a tokenized datasets.Dataset)."""
+user_dataset.py (a tokenized datasets.Dataset), source_check.py (what can be checked
+before any import of torch)."""
 
-from trainwise.engine.data.build import build_data
-from trainwise.engine.data.train_data import TrainData
 
 __all__ = ["build_data", "TrainData"]
+
+
+def __getattr__(name: str):
+    """build_data and TrainData, imported on first use: the command line checks --data
+    (source_check.py) before torch and datasets are imported, so a typo is answered at once."""
+    if name == "build_data":
+        from trainwise.engine.data.build import build_data
+
+        return build_data
+    if name == "TrainData":
+        from trainwise.engine.data.train_data import TrainData
+
+        return TrainData
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

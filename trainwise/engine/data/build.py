@@ -12,6 +12,7 @@ from trainwise.engine.data.builtin_corpus import SOURCE_NAME, builtin_documents
 from trainwise.engine.data.chat import chat_data
 from trainwise.engine.data.image_folder import image_folder_data
 from trainwise.engine.data.order import EVAL_STREAM, MicroBatchOrder, mixed_seed
+from trainwise.engine.data.source_check import check_data_source
 from trainwise.engine.data.packing import MIN_ROW_TOKENS, PackedCorpus, held_out_batches, pack
 from trainwise.engine.data.text_files import text_records
 from trainwise.engine.data.token_cache import tokenized_corpus, tokenizer_workers
@@ -32,12 +33,7 @@ def build_data(run: RunConfig, spec: ModelSpec, plan: Plan, *, rank: int = 0, wo
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside world size {world_size}")
     check_seq_len(spec, plan.seq_len)
-    if run.chat and run.data in ("synthetic", "builtin"):
-        raise InputError("--chat", f"formats conversations from a file; --data {run.data} has none: give "
-                                   "--data FILE (.jsonl, .parquet, a saved dataset...) with a messages field")
-    if run.synthetic_batches and run.data != "synthetic":
-        raise InputError("--synthetic-batches", f"repeats synthetic micro-batches; --data {run.data} is not synthetic: "
-                                                "drop --synthetic-batches or pass --data synthetic")
+    check_data_source(run)
     if run.data == "synthetic":
         return _synthetic(run, spec, plan, rank, world_size)
     if spec.task == "image-cls" and run.data != "builtin":

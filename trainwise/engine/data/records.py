@@ -15,6 +15,8 @@ from __future__ import annotations
 import bisect
 import contextlib
 import glob
+import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -114,7 +116,12 @@ def data_files(source: str) -> list[Path]:
         if not files:
             raise InputError("--data", f"{source} holds no .txt, .jsonl, .csv or .parquet files; allowed: {ALLOWED}")
         return files
-    raise InputError("--data", f"no such file or directory: {source}; allowed: {ALLOWED}")
+    raise missing_source(source)
+
+
+def missing_source(source: str) -> InputError:
+    """The error for a --data path that names nothing."""
+    return InputError("--data", f"no such file or directory: {source}; allowed: {ALLOWED}")
 
 
 def _load_file(datasets, builder: str, file: Path, lines: bool = False):
@@ -122,13 +129,18 @@ def _load_file(datasets, builder: str, file: Path, lines: bool = False):
     if builder == "text":  # line breaks kept: the lines joined give back the file's text
         options = {"sample_by": "line", "keep_linebreaks": True} if lines else {"sample_by": "document"}
     try:
-        with quiet_progress(datasets):
+        with quiet_progress(datasets), _quiet_json_reader():
             return datasets.load_dataset(builder, data_files=[str(file)], split="train",
                                          download_config=datasets.DownloadConfig(local_files_only=True), **options)
     except Exception as err:  # noqa: BLE001 - datasets and pyarrow raise many kinds
         bad_line = first_non_utf8_line(file)
         if bad_line is not None:
             raise InputError("--data", f"{file} {'line' if lines else 'row'} {bad_line} is not UTF-8 text") from None
+        if builder == "json":
+            bad_json = first_bad_json_line(file)
+            if bad_json is not None:
+                raise InputError("--data", f"{file} line {bad_json[0]} is not one JSON object ({bad_json[1]}); "
+                                           ".jsonl holds one JSON object per line") from None
         raise InputError("--data", f"cannot read {file} as {builder} ({first_line(err)}); "
                                    ".jsonl holds one JSON object per line") from None
 
@@ -158,6 +170,47 @@ def first_non_utf8_line(file: Path) -> int | None:
             except UnicodeDecodeError:
                 return number
     return None
+
+
+def first_bad_json_line(file: Path) -> tuple[int, str] | None:
+    """(1-based line number, why) of the first line of a JSON-lines file that is not one
+    JSON object (blank lines are allowed), or None: also for a .json file that parses as one
+    whole document (then something else was wrong with it)."""
+    text = file.read_text(encoding="utf-8")
+    if file.suffix == ".json":
+        try:
+            json.loads(text)
+            return None
+        except json.JSONDecodeError:
+            pass  # JSON lines, perhaps
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as err:
+            return number, f"{err.msg} at column {err.colno}"
+        if not isinstance(value, dict):
+            return number, f"a {type(value).__name__}, not an object"
+    return None
+
+
+class _DropJsonReaderError(logging.Filter):
+    """datasets logs pyarrow's parse error (rows counted from 0) before raising; the one
+    line trainwise prints names the file and line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Failed to load JSON from file")
+
+
+@contextlib.contextmanager
+def _quiet_json_reader() -> Iterator[None]:
+    logger, drop = logging.getLogger("datasets.packaged_modules.json.json"), _DropJsonReaderError()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
 
 
 @contextlib.contextmanager

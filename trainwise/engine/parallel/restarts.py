@@ -2,9 +2,9 @@
 
 torchrun restarts the whole group of workers, up to R times, when any one of them fails
 (killed, out of memory, an error). Every restarted worker sees TORCHELASTIC_RESTART_COUNT
-> 0 and continues from the newest complete checkpoint *of this job* in --output: one saved
+> 0 and continues from the newest complete checkpoint *of this job* in --out: one saved
 after the job started, or the one an explicit --resume began from. A checkpoint left in a
-reused --output by an earlier job is not taken for this job's progress; with none, the
+reused --out by an earlier job is not taken for this job's progress; with none, the
 restart starts over from step 0 (and so does its metrics file). Across nodes, each node's
 launcher clock is compared with the saving rank's: they must agree to better than the time
 before the first save.
@@ -42,7 +42,7 @@ def check_restart_request(run: RunConfig, nproc: int) -> str | None:
         raise InputError("--max-restarts", "needs --nproc 2 or more (a single process is not restarted; "
                                            "continue it with --resume)")
     if not run.output:
-        raise InputError("--max-restarts", "needs --output DIR: a restarted job continues from the "
+        raise InputError("--max-restarts", "needs --out DIR: a restarted job continues from the "
                                            "checkpoints saved there")
     if not run.save_every:
         start = "the checkpoint --resume starts from" if run.resume else "step 0"
