@@ -42,3 +42,17 @@ def test_block_compile_over_tensor_parallel_blocks_matches_one_eager_process(tmp
             result = output[name]
             assert "error" not in result, f"{name} on rank {rank}: {result.get('traceback')}"
             assert result["losses"] == pytest.approx(reference, rel=1e-4), f"{name} on rank {rank}"
+
+
+def test_estimate_prices_tensor_parallel_with_compile_for_a_gpu_target():
+    """Once refused at estimate time; now the per-rank step is priced with the compiled
+    regions' fused kernels, so it is predicted no slower than the eager tp 2 step."""
+    from trainwise.api.estimate import estimate
+
+    spec = resolve_model("tiny-llama")
+    plan = Plan.from_dict({**BASE, "device": "h100", "precision": "bf16", "nproc": 2, "tp": 2})
+    eager, compiled = estimate(spec, plan), estimate(spec, plan.replace(compile=True))
+    assert compiled.layout is not None and compiled.plan.compile
+    assert any("--compile (scope blocks)" in note for note in compiled.time.notes)
+    assert compiled.time.breakdown["elementwise"] < eager.time.breakdown["elementwise"]
+    assert compiled.time.step_s <= eager.time.step_s
