@@ -1,5 +1,6 @@
 """Per-block torch.compile over tensor-parallel (DTensor) blocks trains like one eager
-process: tp 2, with and without sequence parallel, on gloo (inductor's CPU backend).
+process: tp 2, with and without sequence parallel, and tp 2 x ZeRO-3 2, on gloo (inductor's
+CPU backend).
 
 Tolerance: per-step loss within 1e-4 relative, as for one compiled process
 (tests/test_compile_regions.py): inductor may reorder float reductions inside a block."""
@@ -19,11 +20,11 @@ BASE = {"batch_size": 2, "seq_len": 32, "lr": 1e-3}
 LAYOUTS = {"TP 2, compiled blocks": {"tp": 2}, "TP 2, sequence parallel, compiled blocks": {"tp": 2, "sequence_parallel": True}}
 
 
-def _eager_one_process() -> list[float]:
+def _eager_one_process(grad_accum: int = 1) -> list[float]:
     """Tensor-parallel peers share their samples, so one process with the same micro-batch
-    sees the same data per step."""
+    sees the same data per step (accumulation stands in for data-parallel ranks)."""
     losses = []
-    train(resolve_model("tiny-llama"), plan=Plan.from_dict({**BASE, "device": "cpu"}),
+    train(resolve_model("tiny-llama"), plan=Plan.from_dict({**BASE, "grad_accum": grad_accum, "device": "cpu"}),
           run=RunConfig.from_dict({"steps": STEPS, "data": "synthetic", "timing_warmup": 0}),
           on_step=lambda entry: losses.append(entry.outcome.loss))
     return losses
@@ -42,6 +43,22 @@ def test_block_compile_over_tensor_parallel_blocks_matches_one_eager_process(tmp
             result = output[name]
             assert "error" not in result, f"{name} on rank {rank}: {result.get('traceback')}"
             assert result["losses"] == pytest.approx(reference, rel=1e-4), f"{name} on rank {rank}"
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fsdp2_over_compiled_tensor_parallel_blocks_matches_one_eager_process(tmp_path):
+    """The recipe of large runs, on 4 ranks: tp 2 x ZeRO-3 2 (FSDP2 shards the compiled
+    DTensor blocks), against one eager process accumulating 2 micro-batches."""
+    name = "TP 2 x ZeRO-3 2, compiled blocks"
+    case = {"name": name, "model": "tiny-llama", "knobs": {**BASE, "tp": 2, "zero": 3, "compile": True},
+            "steps": STEPS, "config": {}}
+    done = launch(CASES_WORKER, 4, tmp_path, [json.dumps([case])], timeout_s=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reference = _eager_one_process(grad_accum=2)
+    for rank, output in done.rank_outputs.items():
+        assert "error" not in output[name], f"rank {rank}: {output[name].get('traceback')}"
+        assert output[name]["losses"] == pytest.approx(reference, rel=1e-4), f"rank {rank}"
 
 
 def test_estimate_prices_tensor_parallel_with_compile_for_a_gpu_target():
