@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu_validation.sh DIR STAGE...
 #
 # STAGE: smoke | memory | vs-trainer | offload | bench | time-model | plan | activation-offload |
-# engine-speed | engine-fit | engine-memory | tasks. Each stage has its own time limit
+# engine-speed | engine-fit | engine-memory | tasks | tp-compile. Each stage has its own time limit
 # (seconds, env LIMIT_<STAGE>) so a slow one cannot starve the rest; each writes its log
 # and results under DIR, and its scripts write their rows as they go, so a stage stopped by
 # its limit keeps what it measured. The limits of one STAGE add up to at most 9 minutes
@@ -98,8 +98,11 @@ for name in "$@"; do
     tasks)  # issue 18: predicted vs measured peak for ViT, Swin, ConvNeXt, Whisper, Wav2Vec2 and LLaVA-1.5-7B
       stage memory-tasks "${LIMIT_TASKS:-300}" $py benchmarks/validate_memory.py --only 'vit|swin|convnext|whisper|wav2vec2|llava' --out "$out/memory-tasks.md" --rows "$out/memory-tasks-rows.json"
       ;;
+    tp-compile)  # issue 25 item 2: per-block compile and float8 styles over DTensor blocks, on the 1-rank tp mesh one GPU allows (no cross-rank traffic, nothing timed)
+      stage tp-compile "${LIMIT_TP_COMPILE:-300}" $py -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/tp_compile_check.py --out "$out/tp-compile.json"
+      ;;
     *)
-      echo "unknown stage $name (smoke, memory, vs-trainer, offload, bench, time-model, plan, activation-offload, engine-speed, engine-fit, engine-memory, tasks)" >&2
+      echo "unknown stage $name (smoke, memory, vs-trainer, offload, bench, time-model, plan, activation-offload, engine-speed, engine-fit, engine-memory, tasks, tp-compile)" >&2
       exit 2
       ;;
   esac

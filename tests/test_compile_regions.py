@@ -56,13 +56,17 @@ def test_block_compile_of_a_model_without_repeated_blocks_is_refused(fault_log):
 
 
 @pytest.mark.fault
-def test_compile_with_tensor_parallel_is_refused_before_launch(fault_log):
-    plan = Plan.from_dict({"device": "cpu", "batch_size": 2, "seq_len": 16, "nproc": 2, "tp": 2, "compile": True})
+def test_whole_model_compile_with_tensor_parallel_is_refused_and_block_compile_is_not(fault_log):
+    plan = Plan.from_dict({"device": "cpu", "batch_size": 2, "seq_len": 16, "nproc": 2, "tp": 2, "compile": True,
+                           "compile_scope": "model"})
     with pytest.raises(InputError) as refused:
         check_layout_combination(plan, resolve_layout(plan))
-    assert refused.value.field == "--compile" and "--tp" in str(refused.value)
-    check_layout_combination(plan.replace(compile=False), resolve_layout(plan))  # the layout alone runs
-    fault_log(kind="bad input", case="--compile --tp 2", exit_code=2, message=str(refused.value))
+    assert refused.value.field == "--compile-scope" and "--compile-scope blocks" in str(refused.value)
+    assert "172556" in str(refused.value), "names the PyTorch limitation"
+    for allowed in (plan.replace(compile_scope="blocks"), plan.replace(device="h100", compile_scope="blocks")):
+        check_layout_combination(allowed, resolve_layout(allowed))  # per-block compile runs with --tp
+    fault_log(kind="bad input", case="--compile --compile-scope model --tp 2", exit_code=2,
+              message=str(refused.value))
 
 
 def test_compile_cache_goes_to_the_trainwise_cache_unless_the_user_named_one(monkeypatch, tmp_path):

@@ -86,9 +86,6 @@ def test_the_catalog_knows_which_gpus_have_float8_tensor_cores():
 @pytest.mark.parametrize("knobs, says", [
     ({"precision": "fp32"}, "use --precision bf16 or bf16-pure"),
     ({"lora_rank": 8}, "LoRA (--lora-rank) is not supported yet"),
-    # Without --compile (an estimate for elsewhere accepts that; with it, --compile's own
-    # refusal of --tp comes first).
-    ({"tp": 2, "nproc": 2, "compile": False}, "tensor parallel (--tp) is not supported yet"),
 ])
 def test_float8_refuses_what_it_does_not_compose_with(knobs, says, fault_log):
     refused = _refusal(Plan(device="H100", **{**F8, **knobs}))

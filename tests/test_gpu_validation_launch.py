@@ -19,10 +19,11 @@ SCRIPT = ROOT / "benchmarks" / "gpu_validation.sh"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import engine_speed  # noqa: E402
+import tp_compile_check  # noqa: E402
 import validate_memory  # noqa: E402
 
 STAGES = ("smoke", "memory", "vs-trainer", "offload", "bench", "time-model", "plan", "activation-offload",
-          "engine-speed", "engine-fit", "engine-memory", "tasks")
+          "engine-speed", "engine-fit", "engine-memory", "tasks", "tp-compile")
 # A command is at most 10 minutes where a GPU is lent; a minute is left for the machine's
 # own start-up work and the wheels' install.
 STAGE_BUDGET_S = 540
@@ -63,6 +64,19 @@ def test_engine_speed_commands_parse_and_skip_without_a_gpu(stage, tmp_path, cap
     for command in dry_run(stage, tmp_path):
         assert engine_speed.main(_script_argv(command, "engine_speed.py")) == 0
         assert capsys.readouterr().out.strip() == "skipped: no CUDA GPU"
+
+
+def test_tp_compile_stage_runs_its_check_on_one_rank_and_skips_without_a_gpu(tmp_path, capsys, monkeypatch):
+    (command,) = dry_run("tp-compile", tmp_path)
+    argv = command["argv"]
+    assert argv[1:4] == ["-m", "torch.distributed.run", "--standalone"]
+    assert argv[argv.index("--nproc-per-node") + 1] == "1", "one GPU: a 1-rank tensor-parallel mesh"
+    script = next(i for i, arg in enumerate(argv) if arg.endswith(".py"))
+    assert Path(argv[script]).name == "tp_compile_check.py"
+    monkeypatch.setattr(tp_compile_check.torch.cuda, "is_available", lambda: False)
+    assert tp_compile_check.main(argv[script + 1:]) == 0
+    assert capsys.readouterr().out.strip() == "skipped: no CUDA GPU"
+    assert not (tmp_path / "tp-compile.json").exists()
 
 
 @pytest.mark.parametrize("stage", ("engine-memory", "tasks", "activation-offload"))

@@ -10,7 +10,15 @@ one small entry per block kind. `--compile-scope model` compiles each model part
 
 Only `forward` is compiled, not the module's call: hooks that wrappers put on a block
 (FSDP2's all-gather, peft's) stay outside the compiled region and outside the checkpoint
-that grad checkpointing puts inside `forward`, which Dynamo traces as one region."""
+that grad checkpointing puts inside `forward`, which Dynamo traces as one region.
+
+Under tensor parallel a block's input can be the output of an asynchronous collective still
+in flight (DTensor's row-wise vocab-parallel embedding all-reduces with async_op=True and
+hands on the local tensor: an AsyncCollectiveTensor). PyTorch 2.13's compiled autograd
+wrapper waits on such an input but returns its gradient as a plain tensor, which DTensor's
+Redistribute backward (expecting a DTensor) cannot take: the step fails with "'Tensor'
+object has no attribute '_local_tensor'". Each compiled block therefore gets a pre-hook that
+waits for such inputs eagerly, through an autograd-recorded copy (see _settle_async_inputs)."""
 
 from __future__ import annotations
 
@@ -61,6 +69,7 @@ def compile_blocks(part: nn.Module, mode: str | None) -> int:
                                             "use --compile-scope model")
     for block in blocks:
         block.forward = torch.compile(block.forward, mode=mode)
+        block.register_forward_pre_hook(_settle_async_inputs, with_kwargs=True)
     return len(blocks)
 
 
@@ -76,6 +85,20 @@ def transformer_blocks(part: nn.Module) -> list[nn.Module]:
     if isinstance(stage_blocks, str):
         return list(part.get_submodule(stage_blocks).values())
     return list(largest_module_list(part) or [])
+
+
+def _settle_async_inputs(module: nn.Module, args: tuple, kwargs: dict):
+    """A block's tensor inputs that are in-flight collectives (AsyncCollectiveTensor),
+    replaced by a finished copy before the compiled forward sees them (module docstring).
+    The copy is an ordinary op, so autograd routes its gradient back through DTensor's own
+    to_local backward; one activation-sized copy, on the first block only (later blocks
+    receive the compiled graph's plain outputs). Nothing is returned (no change) otherwise."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+    from torch.utils._pytree import tree_leaves, tree_map_only
+
+    if not any(isinstance(x, AsyncCollectiveTensor) for x in tree_leaves((args, kwargs))):
+        return None
+    return tree_map_only(AsyncCollectiveTensor, torch.clone, (args, kwargs))
 
 
 def _train_without_generation_cache(part: nn.Module) -> None:

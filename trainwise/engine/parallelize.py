@@ -3,7 +3,8 @@ the one order every layout follows. One device is the layout with nothing enable
 steps it does not use leave the model as it is.
 
     1. precision policy and device switches (TF32), checked against the device first
-    2. tensor parallel: DTensor's parallelize_module on the tp mesh (--tp)
+    2. tensor parallel: DTensor's parallelize_module on the tp mesh (--tp); with --float8
+       the split projections are converted to float8 first, for torchao's float8 styles
     3. the step recipe shared with the estimate (trainwise/step/recipe.py): MoE router
        loss -> LoRA adapters -> activation checkpointing -> weight dtype -> train mode
     4. pipeline split into this rank's stages on the pp mesh (--pp), then what must wait
@@ -48,7 +49,7 @@ def parallelize(model: nn.Module, plan: Plan, device: torch.device, total_steps:
     check_precision_supported(policy, device)
     apply_numeric_switches(policy)
     meshed = distributed if distributed is not None and distributed.has_mesh else None
-    model = tensor_parallel(model, meshed)  # 2
+    model = tensor_parallel(model, meshed, plan)  # 2
     model = prepare_model(model, plan, policy, task)  # 3
     pipeline, parts = split_pipeline(model, plan, meshed, device)  # 4
     after_placement(model, meshed)

@@ -118,9 +118,12 @@ def check_layout_combination(plan, layout) -> None:
     if plan.lora and (layout.tp > 1 or layout.pp > 1):
         raise InputError("--lora-rank", "LoRA runs with data parallel and sharded data parallel (--dp, --fsdp, "
                                         "--zero); not with --tp or --pp")
-    if plan.compile and layout.tp > 1:
-        raise InputError("--compile", "torch.compile with --tp fails here (DTensor blocks break the compiled "
-                                      "backward, per block and whole model alike); drop --compile or --tp")
+    if plan.compile and plan.compile_scope == "model" and layout.tp > 1:
+        # Per block works (engine/compile_regions.py); the whole-model graph does not, on any device.
+        raise InputError("--compile-scope", "model with --tp fails in PyTorch's compiled backward: the whole-model "
+                                            "graph returns the vocab-parallel logits (a DTensor) beside the loss, and "
+                                            "the loss's backward gives them a plain-tensor gradient (PyTorch issue "
+                                            "172556); use --compile-scope blocks (the default)")
     if plan.precision == "fp16" and layout.zero >= 2:
         raise InputError("--precision", "fp16 loss scaling is not wired to sharded gradients yet; use bf16 with "
                                         "--zero 2/3")

@@ -49,9 +49,6 @@ def float8_plan_problem(plan) -> InputError | None:
                                       "use --precision bf16 or bf16-pure")
     if plan.lora:
         return InputError("--float8", "with LoRA (--lora-rank) is not supported yet: drop one of them")
-    if plan.tp > 1:
-        return InputError("--float8", "with tensor parallel (--tp) is not supported yet (it needs torchao's "
-                                      "float8 parallel styles): drop one of them")
     return None
 
 
@@ -77,30 +74,44 @@ def _check_float8_here(plan) -> None:
                                      "separate kernels): add --compile")
 
 
-def float8_layer_filter(model: nn.Module):
+def float8_layer_filter(model: nn.Module, local_widths=None):
     """The filter torchao calls with (module, qualified name): True for the nn.Linear layers
     to convert. Left out: the output head (its logits feed the loss, where float8 rounding
-    costs most accuracy, and it is often tied to the input embedding) and any layer whose
-    input or output width is not a multiple of 16."""
+    costs most accuracy, and it is often tied to the input embedding), layers already
+    converted, and any layer whose input or output width is not a multiple of 16.
+
+    `local_widths(module, name)` gives the (input, output) widths one rank multiplies,
+    or None for a layer that must stay as it is: under tensor parallel the engine converts
+    before splitting, so it judges the split widths (what the per-rank estimate traces)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    widths = local_widths or (lambda module, name: (module.in_features, module.out_features))
 
     def convert(module: nn.Module, name: str) -> bool:
-        if not isinstance(module, nn.Linear) or module is head:
+        if not isinstance(module, nn.Linear) or module is head or _is_float8(module):
             return False
-        return module.in_features % FLOAT8_ALIGNMENT == 0 and module.out_features % FLOAT8_ALIGNMENT == 0
+        local = widths(module, name)
+        return local is not None and all(width % FLOAT8_ALIGNMENT == 0 for width in local)
 
     return convert
 
 
-def apply_float8(model: nn.Module, plan) -> nn.Module:
-    """Swap the filtered linear layers for torchao Float8Linear (in place; returns `model`).
-    Under FSDP2 the weights are all-gathered in float8 (half the bf16 traffic)."""
+def _is_float8(module: nn.Module) -> bool:
+    return type(module).__name__ == "Float8Linear"
+
+
+def apply_float8(model: nn.Module, plan, local_widths=None) -> nn.Module:
+    """Swap the filtered linear layers for torchao Float8Linear (in place; returns `model`;
+    layers already swapped stay as they are, so the engine may convert before tensor
+    parallel and the recipe again after). Under FSDP2 the weights are all-gathered in
+    float8 (half the bf16 traffic)."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     sharded = plan.fsdp > 1 or (plan.zero or 0) >= 2
     config = Float8LinearConfig(enable_fsdp_float8_all_gather=sharded)
-    chosen = float8_layer_filter(model)
+    chosen = float8_layer_filter(model, local_widths)
     names = {name for name, module in model.named_modules() if chosen(module, name)}
+    if not names:
+        return model
     model = convert_to_float8_training(model, module_filter_fn=chosen, config=config)
     for name in names:
         model.get_submodule(name).register_forward_pre_hook(_input_in_autocast_dtype)

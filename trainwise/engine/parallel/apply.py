@@ -13,12 +13,15 @@ from trainwise.plan.fsdp_settings import FsdpSettings
 from trainwise.plan.plan import Plan
 
 
-def tensor_parallel(model: nn.Module, distributed: Distributed | None) -> nn.Module:
-    """DTensor's parallelize_module on the tp mesh (in place), under --tp."""
+def tensor_parallel(model: nn.Module, distributed: Distributed | None, plan: Plan) -> nn.Module:
+    """DTensor's parallelize_module on the tp mesh (in place), under --tp; with --float8 the
+    split projections become Float8Linear first, for torchao's float8 styles."""
     if distributed is None or distributed.layout.tp == 1:
         return model
-    from trainwise.engine.parallel.tensor_parallel import apply_tensor_parallel
+    from trainwise.engine.parallel.tensor_parallel import apply_tensor_parallel, convert_float8_before_split
 
+    if plan.float8:
+        model = convert_float8_before_split(model, plan, distributed.layout.tp)
     return apply_tensor_parallel(model, distributed.submesh("tp"), distributed.layout.sequence_parallel)
 
 

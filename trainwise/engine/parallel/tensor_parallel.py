@@ -72,7 +72,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
                 replace_submodule(block, path, ShardedConv1D(block.get_submodule(path), tp_mesh, kind,
                                                              family.fused_projections.get(path, 1)))
             else:
-                styles[path] = _style(kind, sequence_parallel)
+                styles[path] = _style(kind, sequence_parallel, block.get_submodule(path))
         family.divide_local_sizes(block, tp_mesh.size())
         if sequence_parallel:
             styles.update(_sequence_parallel_styles(family.sequence_parallel))
@@ -132,11 +132,42 @@ def keep_embedding_gradient_sharded(model: nn.Module) -> None:
     param.register_hook(like_parameter)
 
 
-def _style(kind: str, sequence_parallel: bool = False):
+def _style(kind: str, sequence_parallel: bool = False, module: nn.Module | None = None):
+    """DTensor's style for a projection, or torchao's float8 variant of it for a layer
+    already converted to Float8Linear (same sharding; the input is cast to float8 with a
+    dynamic scale after it becomes a DTensor, and the output's gradient before backward)."""
+    if type(module).__name__ == "Float8Linear":
+        from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel as Colwise
+        from torchao.float8.float8_tensor_parallel import Float8RowwiseParallel as Rowwise
+    else:
+        Colwise, Rowwise = ColwiseParallel, RowwiseParallel
     if kind == "colwise":
-        return ColwiseParallel()
+        return Colwise()
     # Under sequence parallel the partial sums are reduce-scattered into sequence slices.
-    return RowwiseParallel(output_layouts=Shard(1)) if sequence_parallel else RowwiseParallel()
+    return Rowwise(output_layouts=Shard(1)) if sequence_parallel else Rowwise()
+
+
+def convert_float8_before_split(model: nn.Module, plan, tp: int) -> nn.Module:
+    """--float8 with --tp: torchao's float8 styles need Float8Linear layers, so the block
+    projections the family splits are converted first (the recipe's float8 step later
+    leaves them as they are), judged on the widths one rank multiplies. Layers outside the
+    family's split (replicated) stay bf16."""
+    from trainwise.step.float8 import apply_float8
+
+    base = getattr(model, "get_base_model", lambda: model)()
+    family = family_of(base.config)
+    blocks = f"{family.blocks}."
+
+    def local_widths(module: nn.Module, name: str):
+        inside = name.split(blocks, 1)[-1].split(".", 1)[-1] if blocks in name else None
+        kind = family.tensor_parallel.get(inside) if inside not in family.transposed else None
+        if kind == "colwise":
+            return module.in_features, module.out_features // tp
+        if kind == "rowwise":
+            return module.in_features // tp, module.out_features
+        return None
+
+    return apply_float8(model, plan, local_widths)
 
 
 def _sequence_parallel_styles(plan: SequenceParallelPlan) -> dict:
