@@ -14,8 +14,8 @@ def add_knob_flags(parser: argparse.ArgumentParser, more: Iterable[KnobSpec] = (
     the --help section its declaration names, plus --plan FILE. Defaults are suppressed so
     only flags the user typed override the plan file; validation happens once, in
     Plan.from_dict."""
-    positionals = " ".join(f"[{a.metavar}]" if a.nargs == "?" else a.metavar
-                           for a in parser._positionals._group_actions)
+    names = [(a.metavar or a.dest, a.nargs) for a in parser._positionals._group_actions]
+    positionals = " ".join(f"[{name}]" if nargs == "?" else name for name, nargs in names)
     parser.usage = f"%(prog)s {positionals} [FLAGS]"  # not every flag: the sections below list them
     parser.add_argument("--plan", metavar="FILE", default=None,
                         help="YAML or JSON file of knob values (the flags below override it)")
