@@ -27,6 +27,9 @@ def register(commands) -> None:
     parser.add_argument("--out", default=None, metavar="DIR", help="write each shown plan as DIR/plan-N.yaml")
     parser.add_argument("--emit", default=None, choices=("trainer", "accelerate", "deepspeed", "torchrun"),
                         help="print the best plan for another launcher (with --emit-out FILE: write it there)")
+    parser.add_argument("--chart", default=None, metavar="FILE",
+                        help="also draw every screened plan as predicted memory vs tokens/s, with the capacity, "
+                             "the pick and the alternatives, as a PNG")
     parser.add_argument("--emit-out", default=None, metavar="FILE", help="where --emit writes (default: print)")
     parser.add_argument("--task", default=None, help="causal-lm, seq-cls, seq2seq or masked-lm")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow a local model directory's own code")
@@ -39,6 +42,9 @@ def register(commands) -> None:
 
 
 def run(args) -> int:
+    from trainwise.cli.chart_file import check_chart_path
+
+    chart = check_chart_path(args.chart) if args.chart else None  # refused before any work
     import warnings
 
     from rich.console import Console
@@ -72,6 +78,10 @@ def run(args) -> int:
                              trust_remote_code=args.trust_remote_code, progress=progress, **search_args)
     paths = write_outputs(report, args.out)
     emitted = _emit(report, args)
+    if chart:
+        from trainwise.cli.plan_chart import draw, plan_chart
+
+        print(f"chart: {draw(plan_chart(report), chart)} (screened plans, predicted)", file=sys.stderr)
     if not args.json:
         render_plan(report, paths, Console())
     verified = _verify(args, report) if verify else None
