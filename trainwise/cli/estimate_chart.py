@@ -64,9 +64,9 @@ def anatomy_chart(result: EstimateResult) -> AnatomyChart:
     bars = [first] + _other_pipeline_ranks(result)
     plan = result.plan
     title = (f"{result.model}: batch {plan.batch_size} x seq {plan.seq_len}, {plan.precision}, "
-             f"{plan.optim} on {result.device.name} (predicted)")
+             f"{plan.optim}\non {result.device.name} (predicted)")
     if result.layout:
-        title += f"\nlayout: {result.layout['description']}"
+        title += f", layout {result.layout['description']}"
     return AnatomyChart(title, tuple(bars), result.device.memory_bytes, result.device.name)
 
 
@@ -87,14 +87,14 @@ def draw(chart: AnatomyChart, path: str | Path) -> Path:
     plt = pyplot()
     highest = max([b.total for b in chart.bars] + [chart.capacity_bytes or 0])
     unit, scale = ("GiB", GIB) if highest >= GIB else ("MiB", MIB)
-    figure, axis = plt.subplots(figsize=(max(6.0, 2.2 * len(chart.bars) + 4.5), 5.5))
+    figure, axis = plt.subplots(figsize=(max(8.5, 2.0 * len(chart.bars) + 6.5), 5.5))
     colours = dict(zip(dict.fromkeys(s.label for b in chart.bars for s in b.segments), PART_COLOURS * 2))
     for x, bar in enumerate(chart.bars):
         bottom = 0.0
         for segment in bar.segments:
             axis.bar(x, segment.nbytes / scale, 0.6, bottom=bottom, color=colours[segment.label], label=segment.label)
             bottom += segment.nbytes / scale
-        axis.annotate(f"{bar.total / scale:,.2f} {unit}", (x, bottom), ha="center", va="bottom", fontsize=9)
+        axis.annotate(f"{bar.total / scale:,.2f} {unit}", (x, bar.total / scale), ha="center", va="bottom", fontsize=9)
     if chart.capacity_bytes:
         axis.axhline(chart.capacity_bytes / scale, color="black", linestyle="--",
                      label=f"{chart.device} capacity ({chart.capacity_bytes / scale:,.2f} {unit}, catalog)")
