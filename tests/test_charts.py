@@ -3,13 +3,15 @@ user's is never replaced), and the data drawn is the estimate's and the search's
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from test_planner_search import formula
 from trainwise.api import estimate
 from trainwise.api import plan as plan_api
 from trainwise.cli.chart_file import PNG_SIGNATURE
-from trainwise.cli.estimate_chart import CACHE, CONTEXT, anatomy_chart
+from trainwise.cli.estimate_chart import CACHE, CONTEXT, UNSPLIT, anatomy_chart
 from trainwise.cli.main import main
 from trainwise.cli.plan_chart import plan_chart
 from trainwise.cli.render_estimate import PARTS
@@ -26,11 +28,20 @@ def test_the_anatomy_bar_is_the_estimates_parts_at_the_peak_and_sums_to_its_devi
     drawn = {s.label: s.nbytes for s in bar.segments}
     labels = {key: label for key, label, _ in PARTS}
     assert {labels[k]: v for k, v in memory.at_peak.items() if v} == {k: v for k, v in drawn.items()
-                                                                       if k not in (CACHE, CONTEXT)}
+                                                                       if k not in (CACHE, CONTEXT, UNSPLIT)}
+    assert drawn.get(UNSPLIT, 0) == memory.peak_allocated - sum(memory.at_peak.values())
     assert drawn[CACHE] == memory.peak_reserved - memory.peak_allocated
     assert drawn[CONTEXT] == memory.device_total - memory.peak_reserved
     assert bar.total == memory.device_total
     assert chart.capacity_bytes == result.device.memory_bytes and "(predicted)" in chart.title
+
+
+def test_a_peak_its_parts_fall_short_of_is_drawn_whole():
+    """Block extrapolation fits the peak and its parts apart: the bar still reaches the device total."""
+    result = estimate("tiny-llama", Plan(**TINY))
+    memory = dataclasses.replace(result.memory, peak_allocated=result.memory.peak_allocated + 2**20)
+    (bar,) = anatomy_chart(dataclasses.replace(result, memory=memory)).bars
+    assert {s.label: s.nbytes for s in bar.segments}[UNSPLIT] == 2**20 and bar.total == memory.device_total
 
 
 def test_a_layout_draws_one_bar_per_pipeline_rank_each_its_predicted_device_total():

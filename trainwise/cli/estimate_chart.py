@@ -16,6 +16,7 @@ from trainwise.common.units import GIB, MIB
 
 # Above the parts allocated at the peak: what the caching allocator holds unused, then
 # device memory outside the allocator (CUDA context and kernels).
+UNSPLIT = "rest of peak allocated (not split by part)"
 CACHE = "allocator cache (reserved, unused)"
 CONTEXT = "CUDA context"
 REST_OF_RANK = "peak allocated (parts traced on rank 0 only)"
@@ -58,7 +59,10 @@ def anatomy_chart(result: EstimateResult) -> AnatomyChart:
     context; each bar sums to the predicted device total."""
     memory = result.memory
     parts = [Segment(label, memory.at_peak.get(key, 0)) for key, label, _ in PARTS if memory.at_peak.get(key, 0)]
-    above = [Segment(CACHE, memory.peak_reserved - memory.peak_allocated),
+    # Block extrapolation fits the peak and its parts apart, so they can differ by a little.
+    unsplit = memory.peak_allocated - sum(s.nbytes for s in parts)
+    above = [Segment(UNSPLIT, max(0, unsplit)),
+             Segment(CACHE, memory.peak_reserved - memory.peak_allocated),
              Segment(CONTEXT, memory.device_total - memory.peak_reserved)]
     first = Bar("rank 0" if result.layout else result.device.name, tuple(parts + [s for s in above if s.nbytes]))
     bars = [first] + _other_pipeline_ranks(result)
