@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from trainwise.cli.flags import add_auto_batch_flags, add_knob_flags, number_option, plan_from_args, section
 
 
@@ -29,12 +31,18 @@ def register(commands) -> None:
                              "approximately or ignored is listed")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--by-module", action="store_true", help="also show which modules hold the activations")
+    parser.add_argument("--chart", metavar="FILE", default=None,
+                        help="also draw the memory anatomy (per pipeline rank under a layout) against the device's "
+                             "capacity as a PNG")
     add_knob_flags(parser)
     add_auto_batch_flags(parser)
     parser.set_defaults(run=run)
 
 
 def run(args) -> int:
+    from trainwise.cli.chart_file import check_chart_path
+
+    chart = check_chart_path(args.chart) if args.chart else None  # refused before any work
     from rich.console import Console
 
     from trainwise.api import estimate
@@ -67,6 +75,10 @@ def run(args) -> int:
         if foreign:
             render_foreign(foreign, console)
         render_estimate(result, console, by_module=args.by_module)
+    if chart:
+        from trainwise.cli.estimate_chart import anatomy_chart, draw
+
+        print(f"chart: {draw(anatomy_chart(result), chart)} (memory anatomy, predicted)", file=sys.stderr)
     return 0
 
 

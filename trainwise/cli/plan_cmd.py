@@ -30,6 +30,9 @@ def register(commands) -> None:
     parser.add_argument("--emit", default=None,
                         choices=("trainer", "accelerate", "deepspeed", "torchrun", "slurm", "torchtitan"),
                         help="print the best plan for another launcher (with --emit-out FILE: write it there)")
+    parser.add_argument("--chart", default=None, metavar="FILE",
+                        help="also draw every screened plan as predicted memory vs tokens/s, with the capacity, "
+                             "the pick and the alternatives, as a PNG")
     parser.add_argument("--emit-out", default=None, metavar="FILE", help="where --emit writes (default: print)")
     _add_run_arguments(parser.add_argument_group("what the printed train lines and --emit train"))
     parser.add_argument("--task", default=None, help="causal-lm, seq-cls, seq2seq or masked-lm")
@@ -48,7 +51,7 @@ def _add_run_arguments(group) -> None:
     group.add_argument("--tokenizer", default=None, metavar="DIR", help="tokenizer directory (as train --tokenizer)")
     group.add_argument("--steps", default=None, metavar="N", help="optimizer steps (as train --steps)")
     group.add_argument("--train-out", default=None, metavar="DIR",
-                       help="checkpoints and the final model of the run (train --output)")
+                       help="checkpoints and the final model of the run (train --out)")
     group.add_argument("--save-every", default=None, metavar="N", help="checkpoint interval (as train --save-every)")
     group.add_argument("--max-restarts", default=None, metavar="N", help="restarts of a failed job (as train)")
 
@@ -65,6 +68,9 @@ def launch_from_args(args):
 
 
 def run(args) -> int:
+    from trainwise.cli.chart_file import check_chart_path
+
+    chart = check_chart_path(args.chart) if args.chart else None  # refused before any work
     import warnings
 
     from rich.console import Console
@@ -103,6 +109,10 @@ def run(args) -> int:
                              trust_remote_code=args.trust_remote_code, progress=progress, **search_args)
     paths = write_outputs(report, args.out)
     emitted = _emit(report, args, launch)
+    if chart:
+        from trainwise.cli.plan_chart import draw, plan_chart
+
+        print(f"chart: {draw(plan_chart(report), chart)} (screened plans, predicted)", file=sys.stderr)
     if not args.json:
         render_plan(report, paths, Console(), launch)
     verified = _verify(args, report) if verify else None

@@ -86,7 +86,7 @@ def run_words(launch: Launch, *, with_restarts: bool = True) -> list[str]:
     if launch.trust_remote_code:
         words.append("--trust-remote-code")
     values = (("--data", local_path(launch.data)), ("--tokenizer", local_path(launch.tokenizer)),
-              ("--steps", launch.steps), ("--output", launch.output), ("--save-every", launch.save_every),
+              ("--steps", launch.steps), ("--out", launch.output), ("--save-every", launch.save_every),
               ("--max-restarts", launch.max_restarts if with_restarts else None))
     for flag, value in values:
         if value is not None:
