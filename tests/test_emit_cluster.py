@@ -49,7 +49,7 @@ def test_the_train_line_of_a_plan_over_several_nodes_is_the_per_node_line():
     assert _value(words, "--node-rank") == "$NODE_RANK" and _value(words, "--rdzv-endpoint") == "$HEAD_NODE:29500"
     assert (_value(words, "--fsdp"), _value(words, "--pp"), _value(words, "--batch-size")) == ("32", "2", "16")
     # what the user gave plan trains, not the catalog model on builtin data
-    assert (_value(words, "--data"), _value(words, "--tokenizer"), _value(words, "--output")) == (
+    assert (_value(words, "--data"), _value(words, "--tokenizer"), _value(words, "--out")) == (
         "corpus.jsonl", "tokenizer-dir", "/shared/runs/70b")
     assert (_value(words, "--steps"), _value(words, "--save-every")) == ("1000", "200")
     one_node = shlex.split(train_flags(PLAN_70B.replace(nproc=8, fsdp=4), Launch("Llama-3.1-70B", gpus_per_node=8)))
@@ -64,7 +64,7 @@ def test_torchrun_is_one_script_every_node_runs_with_a_c10d_rendezvous():
     assert _value(words, "--rdzv-backend") == "c10d" and _value(words, "--rdzv-endpoint") == "$HEAD_NODE:29500"
     assert "--standalone" not in words and "--nproc" not in words and missing == []
     assert words[words.index("-m"):words.index("-m") + 4] == ["-m", "trainwise", "train", "Llama-3.1-70B"]
-    assert (_value(words, "--fsdp"), _value(words, "--pp"), _value(words, "--output")) == ("32", "2", "/shared/runs/70b")
+    assert (_value(words, "--fsdp"), _value(words, "--pp"), _value(words, "--out")) == ("32", "2", "/shared/runs/70b")
 
 
 def test_the_slurm_script_asks_for_the_nodes_and_stops_before_the_time_limit():
@@ -77,7 +77,7 @@ def test_the_slurm_script_asks_for_the_nodes_and_stops_before_the_time_limit():
     words = _command(text, "srun")
     assert (_value(words, "--nnodes"), _value(words, "--nproc-per-node"), _value(words, "--max-restarts")) == (
         "8", "8", "5")
-    assert _value(words, "--rdzv-endpoint") == "$HEAD_NODE:$RDZV_PORT" and _value(words, "--output") == "$OUTPUT"
+    assert _value(words, "--rdzv-endpoint") == "$HEAD_NODE:$RDZV_PORT" and _value(words, "--out") == "$OUTPUT"
     assert "OUTPUT=/shared/runs/70b" in text.splitlines() and "scontrol show hostnames" in text
     # torchrun gives its workers most of the 120 s to save, not its default 30 s
     assert "export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=110" in text.splitlines()

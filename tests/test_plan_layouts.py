@@ -64,7 +64,7 @@ def test_plan_cli_over_gpus_prints_json_with_the_layouts_and_per_node_lines(caps
     # 4 GPUs on nodes of 2: each node runs the line with --nproc 2, never --nproc 4
     words = shlex.split(best["flags"])
     assert words[words.index("--nnodes") + 1] == "2" and words[words.index("--nproc") + 1] == "2"
-    assert words[-6:] == ["--data", "builtin", "--steps", "5", "--output", "/shared/run"]
+    assert words[-6:] == ["--data", "builtin", "--steps", "5", "--out", "/shared/run"]
     assert script.read_text() == data["emit"]["text"] + "\n" and "#SBATCH --nodes=2" in data["emit"]["text"]
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
 

@@ -69,12 +69,12 @@ def slurm_script(plan: Plan, launch: Launch) -> tuple[str, list[str]]:
              "add the --partition, --account and --time your cluster needs, and activate the environment",
              "that has trainwise and torchrun (the job inherits the submitting shell's PATH by default).",
              f"--signal: {SLURM_STOP_S} s before the time limit Slurm sends SIGTERM to the job step's processes",
-             "(not to this batch shell): trainwise's ranks finish the step, save a checkpoint in --output and exit.",
+             "(not to this batch shell): trainwise's ranks finish the step, save a checkpoint in --out and exit.",
              f"torchrun waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT ({SHUTDOWN_S} s) for them before it kills them (a torchrun",
              "that does not read it, in older torch, waits 30 s: the step and the save must fit in that).",
              f"torchrun restarts a failed job up to {restarts} times"
              + (" (plan --max-restarts)" if launch.max_restarts is not None else " (the script's default)")
-             + "; it continues from the newest checkpoint in --output"
+             + "; it continues from the newest checkpoint in --out"
              + ("." if launch.save_every else " (without plan --save-every: saved only at the end or on SIGTERM)."),
              "OUTPUT (checkpoints and the final model) and the data must be on storage every node shares."
              + ("" if launch.output else " Default: the submit directory (plan --train-out DIR sets it).")]
