@@ -39,7 +39,7 @@ COMMANDS = (
                   "--precision", "bf16", "--chart", CHART_NAME]),
     ("plan", ["plan", "Llama-3.2-1B", "--device", "H100", "--seq-len", "2048", "--global-batch", "64"]),
     ("train", ["train", "tiny-llama", "--plan", "auto", "--device", "cpu", "--seq-len", "64", "--global-batch", "8",
-               "--steps", "20", "--output", "run"]),
+               "--steps", "20", "--out", "run"]),
 )
 COLUMNS = "100"
 # What changes from run to run, each replaced by a placeholder: times and speeds, the loss
