@@ -42,6 +42,10 @@ TWO_RANKS = {  # name: (model, knobs[, config changes])
     "TP 2, vocabulary 4096": ("tiny-llama", {"tp": 2}, {"vocab_size": 4096}),
     "TP 2, sequence parallel": ("tiny-llama", {"tp": 2, "sequence_parallel": True}),
     "TP 2, BERT": ("tiny-bert", {"tp": 2}, NO_DROPOUT),
+    # Post-norm blocks, position and token-type embeddings added whole; the masked-LM head after a gather.
+    "TP 2, BERT, sequence parallel": ("tiny-bert", {"tp": 2, "sequence_parallel": True}, NO_DROPOUT),
+    # Conv1D projections: the row-wise ones reduce-scatter; ln_f's output gathered before the reshape.
+    "TP 2, GPT-2, sequence parallel": ("tiny-gpt2", {"tp": 2, "sequence_parallel": True}, GPT2_NO_DROPOUT),
     # GPT-2: fused q/k/v, tied head; 1023 rows do not divide by 2 (GPT-2's own 50257 do not).
     "TP 2, GPT-2, odd vocabulary": ("tiny-gpt2", {"tp": 2}, {**GPT2_NO_DROPOUT, "vocab_size": 1023}),
     "PP 2, GPipe": ("tiny-llama", {"pp": 2, "pp_schedule": "gpipe", "microbatches": 2}),
@@ -64,6 +68,10 @@ FOUR_RANKS = {
     "PP 2 x DP 2": ("tiny-llama", {"pp": 2, "microbatches": 2}),
     "TP 2 x PP 2": ("tiny-llama", {"tp": 2, "pp": 2, "microbatches": 2}),
     "TP 2 x PP 2, GPT-2": ("tiny-gpt2", {"tp": 2, "pp": 2, "microbatches": 2}, GPT2_NO_DROPOUT),
+    # The stages pass sequence slices; the second derives positions and its mask from slice x tp.
+    "TP 2 + SP x PP 2": ("tiny-llama", {"tp": 2, "sequence_parallel": True, "pp": 2, "microbatches": 2}),
+    "TP 2 + SP x PP 2, GPT-2": ("tiny-gpt2", {"tp": 2, "sequence_parallel": True, "pp": 2, "microbatches": 2},
+                                GPT2_NO_DROPOUT),
 }
 # Layouts whose whole peak the CPU probe sees (engine/memory_probe.py; not DDP's gradient
 # buckets or the pipeline's receive buffers, held in C++ from before the profiled step) and
