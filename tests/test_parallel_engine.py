@@ -91,7 +91,7 @@ def _cases(layouts: dict) -> list[dict]:
              "config": entry[2] if len(entry) > 2 else {}} for name, entry in layouts.items()]
 
 
-def _single_process(case: dict, world: int) -> list[float]:
+def _single_process(case: dict, world: int, steps: int = STEPS) -> list[float]:
     """The same samples per step on one process: accumulation takes the place of the other
     data-parallel ranks (tensor- and pipeline-parallel peers share their samples)."""
     from workers.parallel_engine_worker import model_spec
@@ -102,7 +102,7 @@ def _single_process(case: dict, world: int) -> list[float]:
     single["grad_accum"] = single.get("grad_accum", 1) * data_parallel
     losses = []
     train(model_spec(case), plan=Plan.from_dict({**single, "device": "cpu"}),
-          run=RunConfig.from_dict({"steps": STEPS, "data": "synthetic", "timing_warmup": 0}),
+          run=RunConfig.from_dict({"steps": steps, "data": "synthetic", "timing_warmup": 0}),
           on_step=lambda entry: losses.append(entry.outcome.loss))
     return losses
 
@@ -255,3 +255,22 @@ def test_two_nodes_on_localhost(tmp_path):
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [line["step"] for line in lines[:-1]] == [1, 2]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_sharded_data_tensor_sequence_and_pipeline_parallel_match_one_process(tmp_path):
+    """The large-model layout at its smallest: ZeRO-3 over 2 replicas x tensor + sequence
+    parallel 2 x pipeline 2 is 8 ranks, one launch, 10 steps; every rank's losses equal
+    one process's with the same samples per step (accumulation 2 for the 2 replicas)."""
+    layouts = {"ZeRO-3 2 x TP 2 + SP x PP 2": ("tiny-llama", {"zero": 3, "tp": 2, "sequence_parallel": True, "pp": 2,
+                                                               "microbatches": 2})}
+    case = {**_cases(layouts)[0], "steps": 10}
+    done = launch(CASES_WORKER, 8, tmp_path, [json.dumps([case])], timeout_s=500)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reference = _single_process(case, 8, steps=10)
+    assert len(reference) == 10
+    for rank, output in done.rank_outputs.items():
+        result = output[case["name"]]
+        assert "error" not in result, f"rank {rank}: {result.get('traceback')}"
+        assert result["losses"] == pytest.approx(reference, rel=1e-4), f"rank {rank}"
