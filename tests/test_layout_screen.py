@@ -71,6 +71,8 @@ def test_enumeration_covers_every_gpu_and_reaches_the_global_batch():
     assert {resolve_layout(p).data_parallel_kind for p in plans} == {"none", "ddp", "zero1", "fsdp"}
     assert {p.pp_schedule for p in plans if p.pp > 1} == {"gpipe", "1f1b", "interleaved-1f1b"}
     assert any(p.sequence_parallel for p in plans) and any(p.cpu_offload for p in plans)
+    # The large-model layout is searched: tensor + sequence parallel with pipeline stages.
+    assert any(p.sequence_parallel and p.pp > 1 for p in plans)
 
 
 def unit_at(tp: int) -> TracedUnit:
