@@ -34,7 +34,9 @@ def screened(plan: Plan):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("changes", [dict(nproc=2), dict(nproc=4, zero=3), dict(nproc=2, tp=2),
-                                     dict(nproc=2, pp=2, batch_size=4)], ids=["ddp", "zero3", "tp2", "pp2"])
+                                     dict(nproc=2, pp=2, batch_size=4),
+                                     dict(nproc=4, tp=2, pp=2, batch_size=4, sequence_parallel=True)],
+                         ids=["ddp", "zero3", "tp2", "pp2", "tp2-sp-pp2"])
 def test_screen_memory_within_ten_percent_of_the_per_rank_estimate(changes):
     plan = BASE.replace(**changes)
     spec, layout, unit = screened(plan)
