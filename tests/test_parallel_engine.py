@@ -72,6 +72,9 @@ FOUR_RANKS = {
     "TP 2 + SP x PP 2": ("tiny-llama", {"tp": 2, "sequence_parallel": True, "pp": 2, "microbatches": 2}),
     "TP 2 + SP x PP 2, GPT-2": ("tiny-gpt2", {"tp": 2, "sequence_parallel": True, "pp": 2, "microbatches": 2},
                                 GPT2_NO_DROPOUT),
+    # A window of 8 of 32 tokens: the second stage's mask must be built for the whole length.
+    "TP 2 + SP x PP 2, Mistral window": (str(REPO / "tests/models/tiny-mistral-window"),
+                                         {"tp": 2, "sequence_parallel": True, "pp": 2, "microbatches": 2}),
 }
 # Layouts whose whole peak the CPU probe sees (engine/memory_probe.py; not DDP's gradient
 # buckets or the pipeline's receive buffers, held in C++ from before the profiled step) and
