@@ -43,7 +43,6 @@ def test_zero_and_offload_on_one_device():
     ({"nproc": 2, "zero": 1, "cpu_offload": True}, "--cpu-offload", "--zero 2 or 3"),
     ({"nproc": 2, "sequence_parallel": True}, "--sequence-parallel", "--tp"),
     ({"nproc": 2, "tp": 2, "seq_len": 33, "sequence_parallel": True}, "--sequence-parallel", "divisible"),
-    ({"nproc": 4, "tp": 2, "pp": 2, "sequence_parallel": True}, "--sequence-parallel", "--pp"),
 ])
 def test_bad_layouts_name_the_flag(knobs, flag, words):
     with pytest.raises(InputError) as error:
@@ -51,13 +50,19 @@ def test_bad_layouts_name_the_flag(knobs, flag, words):
     assert error.value.field == flag and words in str(error.value)
 
 
-def test_sequence_parallel_is_refused_outside_the_llama_family():
+def test_sequence_parallel_runs_for_every_tensor_parallel_family_and_with_pipelines():
     from trainwise.models import resolve_model
     from trainwise.models.families.checks import check_model_layout
 
     plan = Plan.from_dict({"nproc": 2, "tp": 2, "sequence_parallel": True})
-    check_model_layout(resolve_model("tiny-llama").config, plan, resolve_layout(plan))
+    for name in ("tiny-llama", "tiny-gpt2", "tiny-bert"):
+        check_model_layout(resolve_model(name).config, plan, resolve_layout(plan))
+    piped = Plan.from_dict({"nproc": 4, "tp": 2, "pp": 2, "microbatches": 2, "sequence_parallel": True})
+    layout = resolve_layout(piped)
+    check_model_layout(resolve_model("tiny-gpt2").config, piped, layout)
+    assert (layout.tp, layout.pp, layout.sequence_parallel) == (2, 2, True)
+    # T5 has no tensor-parallel plan, so none to shard over the sequence: refused by name.
     with pytest.raises(InputError) as error:
-        check_model_layout(resolve_model("tiny-bert").config, plan, resolve_layout(plan))
-    assert error.value.field == "--sequence-parallel" and "bert" in str(error.value)
+        check_model_layout(resolve_model("tiny-t5").config, plan, resolve_layout(plan))
+    assert error.value.field == "--sequence-parallel" and "t5" in str(error.value)
     assert "sequence parallel" in resolve_layout(plan).describe()

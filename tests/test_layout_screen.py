@@ -34,7 +34,9 @@ def screened(plan: Plan):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("changes", [dict(nproc=2), dict(nproc=4, zero=3), dict(nproc=2, tp=2),
-                                     dict(nproc=2, pp=2, batch_size=4)], ids=["ddp", "zero3", "tp2", "pp2"])
+                                     dict(nproc=2, pp=2, batch_size=4),
+                                     dict(nproc=4, tp=2, pp=2, batch_size=4, sequence_parallel=True)],
+                         ids=["ddp", "zero3", "tp2", "pp2", "tp2-sp-pp2"])
 def test_screen_memory_within_ten_percent_of_the_per_rank_estimate(changes):
     plan = BASE.replace(**changes)
     spec, layout, unit = screened(plan)
@@ -71,6 +73,8 @@ def test_enumeration_covers_every_gpu_and_reaches_the_global_batch():
     assert {resolve_layout(p).data_parallel_kind for p in plans} == {"none", "ddp", "zero1", "fsdp"}
     assert {p.pp_schedule for p in plans if p.pp > 1} == {"gpipe", "1f1b", "interleaved-1f1b"}
     assert any(p.sequence_parallel for p in plans) and any(p.cpu_offload for p in plans)
+    # The large-model layout is searched: tensor + sequence parallel with pipeline stages.
+    assert any(p.sequence_parallel and p.pp > 1 for p in plans)
 
 
 def unit_at(tp: int) -> TracedUnit:

@@ -42,6 +42,10 @@ TWO_RANKS = {  # name: (model, knobs[, config changes])
     "TP 2, vocabulary 4096": ("tiny-llama", {"tp": 2}, {"vocab_size": 4096}),
     "TP 2, sequence parallel": ("tiny-llama", {"tp": 2, "sequence_parallel": True}),
     "TP 2, BERT": ("tiny-bert", {"tp": 2}, NO_DROPOUT),
+    # Post-norm blocks, position and token-type embeddings added whole; the masked-LM head after a gather.
+    "TP 2, BERT, sequence parallel": ("tiny-bert", {"tp": 2, "sequence_parallel": True}, NO_DROPOUT),
+    # Conv1D projections: the row-wise ones reduce-scatter; ln_f's output gathered before the reshape.
+    "TP 2, GPT-2, sequence parallel": ("tiny-gpt2", {"tp": 2, "sequence_parallel": True}, GPT2_NO_DROPOUT),
     # GPT-2: fused q/k/v, tied head; 1023 rows do not divide by 2 (GPT-2's own 50257 do not).
     "TP 2, GPT-2, odd vocabulary": ("tiny-gpt2", {"tp": 2}, {**GPT2_NO_DROPOUT, "vocab_size": 1023}),
     "PP 2, GPipe": ("tiny-llama", {"pp": 2, "pp_schedule": "gpipe", "microbatches": 2}),
@@ -64,6 +68,13 @@ FOUR_RANKS = {
     "PP 2 x DP 2": ("tiny-llama", {"pp": 2, "microbatches": 2}),
     "TP 2 x PP 2": ("tiny-llama", {"tp": 2, "pp": 2, "microbatches": 2}),
     "TP 2 x PP 2, GPT-2": ("tiny-gpt2", {"tp": 2, "pp": 2, "microbatches": 2}, GPT2_NO_DROPOUT),
+    # The stages pass sequence slices; the second derives positions and its mask from slice x tp.
+    "TP 2 + SP x PP 2": ("tiny-llama", {"tp": 2, "sequence_parallel": True, "pp": 2, "microbatches": 2}),
+    "TP 2 + SP x PP 2, GPT-2": ("tiny-gpt2", {"tp": 2, "sequence_parallel": True, "pp": 2, "microbatches": 2},
+                                GPT2_NO_DROPOUT),
+    # A window of 8 of 32 tokens: the second stage's mask must be built for the whole length.
+    "TP 2 + SP x PP 2, Mistral window": (str(REPO / "tests/models/tiny-mistral-window"),
+                                         {"tp": 2, "sequence_parallel": True, "pp": 2, "microbatches": 2}),
 }
 # Layouts whose whole peak the CPU probe sees (engine/memory_probe.py; not DDP's gradient
 # buckets or the pipeline's receive buffers, held in C++ from before the profiled step) and
@@ -83,7 +94,7 @@ def _cases(layouts: dict) -> list[dict]:
              "config": entry[2] if len(entry) > 2 else {}} for name, entry in layouts.items()]
 
 
-def _single_process(case: dict, world: int) -> list[float]:
+def _single_process(case: dict, world: int, steps: int = STEPS) -> list[float]:
     """The same samples per step on one process: accumulation takes the place of the other
     data-parallel ranks (tensor- and pipeline-parallel peers share their samples)."""
     from workers.parallel_engine_worker import model_spec
@@ -94,7 +105,7 @@ def _single_process(case: dict, world: int) -> list[float]:
     single["grad_accum"] = single.get("grad_accum", 1) * data_parallel
     losses = []
     train(model_spec(case), plan=Plan.from_dict({**single, "device": "cpu"}),
-          run=RunConfig.from_dict({"steps": STEPS, "data": "synthetic", "timing_warmup": 0}),
+          run=RunConfig.from_dict({"steps": steps, "data": "synthetic", "timing_warmup": 0}),
           on_step=lambda entry: losses.append(entry.outcome.loss))
     return losses
 
@@ -247,3 +258,22 @@ def test_two_nodes_on_localhost(tmp_path):
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [line["step"] for line in lines[:-1]] == [1, 2]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_sharded_data_tensor_sequence_and_pipeline_parallel_match_one_process(tmp_path):
+    """The large-model layout at its smallest: ZeRO-3 over 2 replicas x tensor + sequence
+    parallel 2 x pipeline 2 is 8 ranks, one launch, 10 steps; every rank's losses equal
+    one process's with the same samples per step (accumulation 2 for the 2 replicas)."""
+    layouts = {"ZeRO-3 2 x TP 2 + SP x PP 2": ("tiny-llama", {"zero": 3, "tp": 2, "sequence_parallel": True, "pp": 2,
+                                                               "microbatches": 2})}
+    case = {**_cases(layouts)[0], "steps": 10}
+    done = launch(CASES_WORKER, 8, tmp_path, [json.dumps([case])], timeout_s=500)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reference = _single_process(case, 8, steps=10)
+    assert len(reference) == 10
+    for rank, output in done.rank_outputs.items():
+        result = output[case["name"]]
+        assert "error" not in result, f"rank {rank}: {result.get('traceback')}"
+        assert result["losses"] == pytest.approx(reference, rel=1e-4), f"rank {rank}"

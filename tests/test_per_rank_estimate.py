@@ -122,3 +122,32 @@ def test_a_stage_without_the_head_does_not_count_the_logits():
     assert first.at_peak["temporary"] < logits / 2
     last_stage = _estimate(**knobs).layout["pipeline_ranks"][1]
     assert last_stage["head"] and last_stage["peak_allocated"] > first.peak_allocated + logits
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, tp, pp, seq_len", [("Llama-3.1-70B", 8, 8, 4096), ("gpt2-large", 4, 4, 1024)])
+def test_tensor_sequence_and_pipeline_parallel_on_a_thousand_gpus(name, tp, pp, seq_len):
+    """The large-model layout (tensor + sequence parallel in a node, pipeline across
+    nodes, ZeRO-3 over the rest of 1024 GPUs) is estimated, not refused, for Llama and
+    GPT-2. Rank 0 holds its blocks' activations for every chunk in flight; sequence
+    parallel keeps 1/tp of at least the two residual-stream tensors each block's norms
+    save (fp32: one chunk's sequence x hidden x 4 bytes each), and never more than the
+    (tp - 1)/tp share of all of them."""
+    knobs = {"device": "H100", "nproc": 1024, "tp": tp, "pp": pp, "microbatches": pp, "batch_size": pp,
+             "seq_len": seq_len, "zero": 3, "precision": "fp32"}
+    spec = resolve_model(name)
+    without = estimate(spec, Plan.from_dict(knobs))
+    with_sp = estimate(spec, Plan.from_dict({**knobs, "sequence_parallel": True}))
+    assert "sequence parallel" in with_sp.layout["description"]
+    ranks = with_sp.layout["pipeline_ranks"]
+    assert len(ranks) == pp and (with_sp.layout["tp"], with_sp.layout["fsdp"]) == (tp, 1024 // (tp * pp))
+    rank_0 = ranks[0]
+    residual = seq_len * spec.config.hidden_size * 4  # one chunk (1 sequence) of the residual stream, fp32
+    shard = (1 - 1 / tp)
+    saved = without.memory.activations - with_sp.memory.activations
+    assert saved >= rank_0["blocks"] * rank_0["chunks_in_flight"] * 2 * residual * shard
+    assert saved <= without.memory.activations * shard
+    # The stages pass sequence slices: each receive buffer is 1/tp of the whole chunk.
+    buffers = [r["communication_buffers"]["pipeline receive buffers"] for r in (without.layout["pipeline_ranks"][1],
+                                                                                 ranks[1])]
+    assert buffers[1] * tp == buffers[0]

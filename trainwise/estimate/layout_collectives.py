@@ -82,13 +82,17 @@ def tensor_parallel(work: RankWork, layout: Layout, groups: Groups) -> list[Coll
 def pipeline_p2p(work: RankWork, layout: Layout, groups: Groups, stages_per_rank: int) -> list[CollectiveTime]:
     """torch.distributed.pipelining sends each chunk's activations to the next stage and
     its gradient back. Counted exposed: a stage's forward waits for its input and its
-    backward for its gradient, one message per chunk, direction and stage of the rank."""
+    backward for its gradient, one message per chunk, direction and stage of the rank.
+    Under sequence parallel each tensor-parallel rank sends its slice of the sequence to
+    its peer (engine/parallel/pipeline_parallel.py): 1/tp of the activation."""
     if layout.pp == 1:
         return []
     messages = 2 * stages_per_rank * work.chunks * work.grad_accum
-    seconds = messages * groups.seconds("send_recv", work.activation_bytes, "pp")
-    return [CollectiveTime("send_recv", "PP activations and gradients between stages",
-                           messages * work.activation_bytes, groups.link["pp"].name, seconds, 0.0)]
+    nbytes = work.activation_bytes // layout.tp if layout.sequence_parallel else work.activation_bytes
+    seconds = messages * groups.seconds("send_recv", nbytes, "pp")
+    return [CollectiveTime("send_recv", "PP activations and gradients between stages" + (
+        " (sequence slices)" if layout.sequence_parallel else ""), messages * nbytes, groups.link["pp"].name,
+        seconds, 0.0)]
 
 
 def bucketed_overlap(bucket_seconds: list[float], backward_s: float) -> float:

@@ -69,7 +69,7 @@ def rank_memory(single: MemoryEstimate, activations_by_module: dict[str, int], m
                                    getattr(model.config, "hidden_size", 0))
     traced_policy = precision_policy(rank_plan(plan, layout).precision, device_type)  # what `single` ran
     activations = (stage_activations(single.activations, activations_by_module, view, model.config)
-                   - sequence_parallel_saving(activations_by_module, model, plan, layout, traced_policy)
+                   - sequence_parallel_saving(activations_by_module, model, plan, layout, traced_policy, view)
                    + loss_parallel_extra(model, plan, layout, view) * view.chunks_in_flight)
     ratios = {key: (state[key] / getattr(single, key)) if getattr(single, key) else 0.0 for key in STATE_KEYS}
     ratios["activations"] = activations / single.activations if single.activations else 0.0

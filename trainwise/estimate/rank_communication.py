@@ -64,6 +64,8 @@ class Communication:
             directions = sum((s != 0) + (s != total - 1) for s in view.stages)
             microbatches = pipeline_microbatches(plan, layout.pp)
             chunk = layout.chunk_batch * plan.seq_len * hidden_size * policy.param_dtype.itemsize
+            if layout.sequence_parallel:  # the stages pass this rank's slice of the sequence
+                chunk //= layout.tp
             self.pipeline = directions * microbatches * chunk
 
     def at(self, phase: str, live: dict[str, int]) -> dict[str, int]:

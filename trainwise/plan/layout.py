@@ -122,8 +122,6 @@ def resolve_layout(plan, world_size: int | None = None) -> Layout:
         raise InputError("--cpu-offload", "offloads sharded parameters: use --zero 2 or 3")
     if plan.sequence_parallel and tp == 1:
         raise InputError("--sequence-parallel", "shards over the tensor-parallel ranks: add --tp 2 or more")
-    if plan.sequence_parallel and pp > 1:
-        raise InputError("--sequence-parallel", "is not combined with --pp yet (stages pass whole sequences)")
     if plan.sequence_parallel and plan.seq_len % tp:
         raise InputError("--sequence-parallel", f"needs --seq-len divisible by --tp {tp}; got {plan.seq_len}")
     microbatches = pipeline_microbatches(plan, pp) if pp > 1 else 1

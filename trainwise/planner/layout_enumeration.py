@@ -91,7 +91,7 @@ def layout_plans(config, plan: Plan, space: LayoutSpace) -> Iterator[Plan]:
             if space.global_batch % replicas:
                 continue
             rows = space.global_batch // replicas
-            sequence = [sp for sp in space.sequence_parallel if not sp or (tp > 1 and pp == 1 and sequence_family
+            sequence = [sp for sp in space.sequence_parallel if not sp or (tp > 1 and sequence_family
                                                                           and plan.seq_len % tp == 0)]
             for kind in space.kinds:
                 degrees = _degrees(kind, replicas, tp, pp)

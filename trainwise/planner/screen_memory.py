@@ -93,13 +93,15 @@ def communication_bytes(unit: TracedUnit, rank: ScreenRank, layout: Layout, plan
 
 
 def _pipeline_buffers(rank: ScreenRank, layout: Layout, plan, dtypes: dict[str, int], hidden_size: int) -> int:
-    """Receive buffers, one per chunk and direction, in the weights' dtype, for the whole run."""
+    """Receive buffers, one per chunk and direction, in the weights' dtype, for the whole run
+    (a sequence slice under sequence parallel, as estimate/rank_communication.py counts them)."""
     if layout.pp == 1:
         return 0
     stages = layout.pp * stages_per_rank(plan.pp_schedule)
     mine = rank_stages(rank.pipeline_rank, layout.pp, plan.pp_schedule)
     directions = sum((s != 0) + (s != stages - 1) for s in mine)
-    return directions * layout.microbatches * layout.chunk_batch * plan.seq_len * hidden_size * dtypes["weight_bytes"]
+    chunk = layout.chunk_batch * plan.seq_len * hidden_size * dtypes["weight_bytes"]
+    return directions * layout.microbatches * (chunk // layout.tp if layout.sequence_parallel else chunk)
 
 
 def rank_device_total(unit: TracedUnit, rank: ScreenRank, layout: Layout, plan, dtypes: dict[str, int],

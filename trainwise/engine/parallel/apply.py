@@ -67,5 +67,6 @@ def split_pipeline(model: nn.Module, plan: Plan, distributed: Distributed | None
     base = getattr(model, "get_base_model", lambda: model)()
     check_pipeline(base.config, layout.pp, plan.pp_schedule, layout.microbatches, plan.batch_size)
     runner = build_pipeline(model, distributed.mesh, schedule=plan.pp_schedule, microbatches=layout.microbatches,
-                            device=device, loss_scale=micro_batch_loss_scale(plan.grad_accum))
+                            device=device, loss_scale=micro_batch_loss_scale(plan.grad_accum),
+                            sequence_shards=layout.tp if layout.sequence_parallel else 1)
     return runner, list(runner.stages)

@@ -11,7 +11,8 @@ the same Megatron rules and the same DTensor parameters:
   is a partial sum, all-reduced on the way back.
 - row-wise: each rank holds a slice of the input features (weight [in/tp, out]) and gets
   the matching slice of the input; the partial products are all-reduced, then the whole
-  bias is added once.
+  bias is added once. Under sequence parallel they are reduce-scattered over the sequence
+  (dim 1) instead, so each rank gets its slice of the sum (tensor_parallel.py).
 
 GPT-2 fuses q, k and v into one Conv1D (`c_attn`, out = 3 x hidden). Cutting its output
 columns into tp contiguous pieces would give rank 0 all of q and half of k; its weight is
@@ -35,11 +36,13 @@ from trainwise.plan.partition import per_part_shape
 class ShardedConv1D(nn.Module):
     """A Conv1D's weight and bias as DTensors split `kind`-wise ("colwise" | "rowwise");
     a column-wise Conv1D whose output is `parts` concatenated projections is split per
-    part. Parameter names are the Conv1D's, so checkpoints keep their keys."""
+    part. Parameter names are the Conv1D's, so checkpoints keep their keys. A row-wise one
+    under `sequence_parallel` returns this rank's slice of the sequence."""
 
-    def __init__(self, conv: nn.Module, mesh: DeviceMesh, kind: str, parts: int = 1):
+    def __init__(self, conv: nn.Module, mesh: DeviceMesh, kind: str, parts: int = 1, sequence_parallel: bool = False):
         super().__init__()
         self.kind = kind
+        self.sequence_parallel = sequence_parallel and kind == "rowwise"
         weight, bias = conv.weight.detach(), conv.bias.detach()
         if kind == "colwise":
             if parts > 1:  # the view the rank slices are taken from
@@ -63,9 +66,11 @@ class ShardedConv1D(nn.Module):
             rows = DTensor.from_local(rows, mesh, [Replicate()], run_check=False).to_local(grad_placements=[Partial()])
             out = torch.addmm(bias.reshape(-1), rows, weight.reshape(weight.size(0), -1))
         else:
-            partial = torch.mm(rows, weight)
-            out = DTensor.from_local(partial, mesh, [Partial()], run_check=False).redistribute(
-                mesh, [Replicate()]).to_local() + bias
+            partial = DTensor.from_local(torch.mm(rows, weight).view(*hidden.shape[:-1], -1), mesh, [Partial()],
+                                         run_check=False)
+            if self.sequence_parallel:  # the bias as a DTensor: its gradient sums every rank's slice
+                return (partial.redistribute(mesh, [Shard(1)]) + self.bias).to_local()
+            out = partial.redistribute(mesh, [Replicate()]).to_local() + bias
         return out.view(*hidden.shape[:-1], out.size(-1))
 
     def extra_repr(self) -> str:

@@ -12,6 +12,11 @@ is tied to the embedding, `finish_gradients()` adds the first stage's and the la
 stage's gradients of that weight (an all-reduce between those two ranks) once the step's
 backward is done.
 
+Under sequence parallel the stages pass their sequence slices (each tensor-parallel rank
+to its peer of the next stage: 1/tp of the whole activation per send, where gathering
+at every edge would send all of it and cut it again); a stage after the first derives
+the whole length, its positions and its causal mask from the slice times tp.
+
 Supported: the families declaring pipeline parts and a stage (the Llama family: Llama,
 Mistral, Qwen2; GPT-2), with packed (unpadded) sequences.
 """
@@ -80,9 +85,10 @@ class PipelineRunner:
 
 
 def build_pipeline(model: nn.Module, mesh: DeviceMesh, *, schedule: str, microbatches: int,
-                   device: torch.device, loss_scale: float = 1.0) -> PipelineRunner:
+                   device: torch.device, loss_scale: float = 1.0, sequence_shards: int = 1) -> PipelineRunner:
     """Cut `model` into this rank's stages and build the schedule over the "pp" dimension
-    of the run's `mesh`."""
+    of the run's `mesh`; `sequence_shards`: the slices of a sequence the stages pass (tp
+    under sequence parallel, else 1)."""
     pp_mesh = mesh["pp"]
     pp = pp_mesh.size()
     base = getattr(model, "get_base_model", lambda: model)()
@@ -92,6 +98,8 @@ def build_pipeline(model: nn.Module, mesh: DeviceMesh, *, schedule: str, microba
     bounds = balanced_bounds(base.config.num_hidden_layers, total)
     indices = rank_stages(rank, pp, schedule)
     modules = [family.stage(base, *bounds[i], is_first=i == 0, is_last=i == total - 1).to(device) for i in indices]
+    for module in modules:
+        module.sequence_shards = sequence_shards
     kept = {block for i in indices for block in range(*bounds[i])}
     _drop_other_blocks(base.get_submodule(family.pipeline.blocks), kept)
     group = pp_mesh.get_group()

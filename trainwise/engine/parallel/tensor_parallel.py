@@ -12,16 +12,20 @@ the vocabulary into a vocab-parallel cross-entropy (`loss_parallel`): the full l
 never gathered. Every other weight (norms, position embeddings, classifier heads) is a
 replicated DTensor, so the optimizer and clipping see one kind of parameter.
 
-Sequence parallel (`--sequence-parallel`, causal LMs of a family declaring a
-SequenceParallelPlan: the Llama family): between the attention and MLP sub-blocks every
-rank holds only its slice of the sequence. The first block cuts its input into sequence
-slices (no communication); each norm the family names runs on its slice
-(SequenceParallel); the attention and the MLP all-gather their input to the whole sequence
-and their row-wise output projections reduce-scatter back to slices (in place of the
-all-reduce); the final norm runs on slices and the head gathers them. The residual stream
-and the norms' saved activations are thus divided by tp, for the same communication volume.
-The embedding's output stays whole so that the model code which derives positions, the
-causal mask and rotary embeddings from its length sees the real sequence.
+Sequence parallel (`--sequence-parallel`, every family declaring a SequenceParallelPlan:
+the Llama family, GPT-2, BERT): between the attention and MLP sub-blocks every rank holds
+only its slice of the sequence. The first block cuts its input into sequence slices (no
+communication); each norm the family names runs on its slice (SequenceParallel); the
+attention and the MLP all-gather their input to the whole sequence and their row-wise
+output projections reduce-scatter back to slices (in place of the all-reduce). After the
+last block the final norm runs on slices and either a vocab-parallel head gathers them
+(Llama) or they are gathered right after it (GPT-2, whose model reshapes by the whole
+length; BERT, whose post-norm blocks end in their own norm: after its last block), so
+whatever follows sees the whole sequence. The residual stream and the norms' saved
+activations are thus divided by tp, for the same communication volume. The embeddings'
+output stays whole so that position (and token-type) embeddings, the causal mask and
+rotary embeddings are computed for the real sequence. Under pipeline parallel the stages
+pass slices (pipeline_parallel.py).
 
 Which modules are split, and how, is each family's declaration (trainwise/models/families/:
 the Llama family, BERT and GPT-2); this module turns it into DTensor styles. Projections a
@@ -42,8 +46,8 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                               SequenceParallel, loss_parallel, parallelize_module)
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
+                                               RowwiseParallel, SequenceParallel, loss_parallel, parallelize_module)
 
 from trainwise.engine.parallel.conv1d_parallel import ShardedConv1D
 from trainwise.models.families import SequenceParallelPlan, family_of, replace_submodule
@@ -63,14 +67,14 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
         raise InputError("--tp", f"{type(base).__name__} has no {family.blocks} to split")
     embedding = base.get_input_embeddings()
     head = base.get_output_embeddings()
-    if sequence_parallel and head is None:  # the head gathers the slices; other heads pool over them
-        raise InputError("--sequence-parallel", f"is implemented for causal LMs; not {type(base).__name__}")
-    for index, block in enumerate(core.get_submodule(family.blocks)):
+    vocab_parallel = head is not None and family.vocab_parallel_head
+    blocks = core.get_submodule(family.blocks)
+    for block in blocks:
         styles = {}
         for path, kind in family.tensor_parallel.items():
             if path in family.transposed:
                 replace_submodule(block, path, ShardedConv1D(block.get_submodule(path), tp_mesh, kind,
-                                                             family.fused_projections.get(path, 1)))
+                                                             family.fused_projections.get(path, 1), sequence_parallel))
             else:
                 styles[path] = _style(kind, sequence_parallel, block.get_submodule(path))
         family.divide_local_sizes(block, tp_mesh.size())
@@ -78,17 +82,13 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, sequence_parall
             styles.update(_sequence_parallel_styles(family.sequence_parallel))
         if styles:
             parallelize_module(block, tp_mesh, styles)
-        if sequence_parallel and index == 0:  # the whole sequence comes in; later blocks get slices
-            parallelize_module(block, tp_mesh, PrepareModuleInput(input_layouts=(Replicate(),),
-                                                                  desired_input_layouts=(Shard(1),),
-                                                                  use_local_output=True))
     tied = head is not None and head.weight is embedding.weight
     parallelize_module(embedding, tp_mesh, RowwiseParallel(input_layouts=Replicate()))
+    head_slices = sequence_parallel and vocab_parallel and family.sequence_parallel.head_takes_slices
     if sequence_parallel:
-        final_norm = core.get_submodule(family.sequence_parallel.final_norm)
-        parallelize_module(final_norm, tp_mesh, SequenceParallel(use_local_output=True))
-    if head is not None and family.vocab_parallel_head:
-        parallelize_module(head, tp_mesh, ColwiseParallel(input_layouts=Shard(1) if sequence_parallel else Replicate(),
+        _cut_and_gather_sequence(core, family.sequence_parallel, blocks, tp_mesh, gather=not head_slices)
+    if vocab_parallel:
+        parallelize_module(head, tp_mesh, ColwiseParallel(input_layouts=Shard(1) if head_slices else Replicate(),
                                                           output_layouts=Shard(-1), use_local_output=False))
         if tied:
             head.weight = embedding.weight  # one sharded parameter, as before
@@ -170,11 +170,33 @@ def convert_float8_before_split(model: nn.Module, plan, tp: int) -> nn.Module:
     return apply_float8(model, plan, local_widths)
 
 
+def _cut_and_gather_sequence(core: nn.Module, plan: SequenceParallelPlan, blocks: nn.ModuleList, mesh: DeviceMesh,
+                             gather: bool) -> None:
+    """The sequence's two edges: the first block's input (its first positional argument,
+    whole on every rank) is cut into this rank's slice, a local slice with no
+    communication; the final norm runs on slices; with `gather`, the output of the final
+    norm (or of the last block, where there is none) is all-gathered to the whole sequence."""
+    blocks[0].register_forward_pre_hook(lambda module, args: (_slice_of_sequence(args[0], mesh), *args[1:]))
+    last = blocks[len(blocks) - 1]
+    if plan.final_norm is not None:
+        last = core.get_submodule(plan.final_norm)
+        parallelize_module(last, mesh, SequenceParallel(use_local_output=True))
+    if gather:
+        parallelize_module(last, mesh, PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate(),
+                                                           use_local_output=True))
+
+
+def _slice_of_sequence(hidden: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    """This rank's slice of a whole sequence (dim 1); the gradients of the slices are
+    gathered back into the whole one's."""
+    return DTensor.from_local(hidden, mesh, [Replicate()], run_check=False).redistribute(mesh, [Shard(1)]).to_local()
+
+
 def _sequence_parallel_styles(plan: SequenceParallelPlan) -> dict:
     """A block's entries under sequence parallel (on top of the column/row-wise plan): its
     norms run on sequence slices; its sub-blocks all-gather their input, passed by keyword
     (`hidden_states`) or as the first positional argument, to the whole sequence."""
-    styles = {norm: SequenceParallel() for norm in plan.norms}
+    styles = {norm: SequenceParallel(use_local_output=True) for norm in plan.norms}
     for module in plan.gather_keyword:
         styles[module] = PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
                                             desired_input_kwarg_layouts={"hidden_states": Replicate()},

@@ -20,12 +20,17 @@ class SequenceParallelPlan:
     that run on sequence slices, the sub-blocks that all-gather their input to the whole
     sequence (called with the keyword argument `hidden_states`, or with it as their first
     positional argument), and the norm after the last block (a path under the module
-    owning the blocks)."""
+    owning the blocks; None where the blocks end in their own norm, as BERT's post-norm
+    blocks do). `head_takes_slices`: whether the final norm's slices go into a
+    vocab-parallel head as they are (its column-wise input gathers them); otherwise the
+    sequence is gathered right after the final norm (or the last block), because the
+    model's own code reshapes it by the whole length (GPT-2) or a head pools over it."""
 
     norms: tuple[str, ...]
     gather_keyword: tuple[str, ...]
     gather_positional: tuple[str, ...]
-    final_norm: str
+    final_norm: str | None
+    head_takes_slices: bool = False
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ def check_tensor_parallel(config, tp: int, sequence_parallel: bool = False) -> M
     model_type = getattr(config, "model_type", "?")
     family = family_of(config)
     if sequence_parallel and (family is None or family.sequence_parallel is None):
-        raise InputError("--sequence-parallel", f"is implemented for the {_listed(model_types_with('sequence_parallel'))} "
-                                                f"decoders; not {model_type}")
+        raise InputError("--sequence-parallel", f"shards a tensor-parallel model over the sequence: "
+                                                f"{_listed(model_types_with('sequence_parallel'))}; not {model_type}")
     if family is None:
         supported = ", ".join(sorted(model_types_with("tensor_parallel")))
         raise InputError("--tp", f"tensor parallel supports {supported}; not {model_type}")

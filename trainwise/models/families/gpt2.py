@@ -4,13 +4,19 @@ Tensor parallel splits c_attn and c_fc column-wise (c_attn per part, so every ra
 the same heads of q, k and v) and both c_proj row-wise; the attention splits c_attn's
 output by `split_size` and counts `num_heads`, which a rank divides by tp. The head size
 is derived from the hidden size, so a rank's shapes come from rebuilding the projections.
-The causal-LM head is vocab-parallel. No sequence parallel."""
+The causal-LM head is vocab-parallel.
+
+Sequence parallel runs ln_1, ln_2 and ln_f on sequence slices; the attention and the MLP
+(each called with the hidden states as first positional argument) all-gather their input,
+and the row-wise c_proj reduce-scatter theirs back to slices (conv1d_parallel.py). The
+position embedding is added before the first block, on the whole sequence. ln_f's output
+is gathered before the head, because GPT2Model reshapes it by the whole length."""
 
 from __future__ import annotations
 
 import torch
 
-from trainwise.models.families.base import ModelFamily, PipelineParts
+from trainwise.models.families.base import ModelFamily, PipelineParts, SequenceParallelPlan
 from trainwise.models.families.stage import DecoderStage
 
 PARTS = PipelineParts("transformer.h", ("transformer.wte", "transformer.wpe", "transformer.drop"),
@@ -47,6 +53,8 @@ FAMILY = ModelFamily(
     fused_projections={"attn.c_attn": 3},
     local_sizes=("attn.split_size", "attn.num_heads"),
     vocab_parallel_head=True,
+    sequence_parallel=SequenceParallelPlan(norms=("ln_1", "ln_2"), gather_keyword=(), gather_positional=("attn", "mlp"),
+                                           final_norm="ln_f"),
     pipeline=PARTS,
     stage=GPT2Stage,
 )

@@ -53,7 +53,7 @@ FAMILY = ModelFamily(
     vocab_parallel_head=True,
     sequence_parallel=SequenceParallelPlan(norms=("input_layernorm", "post_attention_layernorm"),
                                            gather_keyword=("self_attn",), gather_positional=("mlp",),
-                                           final_norm="model.norm"),
+                                           final_norm="model.norm", head_takes_slices=True),
     pipeline=PARTS,
     stage=LlamaStage,
 )

@@ -26,6 +26,7 @@ class DecoderStage(nn.Module):
     `parts`). Subclasses, one per family, run them."""
 
     parts: PipelineParts
+    sequence_shards: int = 1  # under sequence parallel, the slices of the sequence a later stage receives
 
     def __init__(self, causal_lm: nn.Module, first: int, end: int, is_first: bool, is_last: bool):
         super().__init__()
@@ -61,17 +62,23 @@ class DecoderStage(nn.Module):
             return self.get_submodule(self.parts.last[-1]).weight
         return None
 
-    @staticmethod
-    def positions(hidden: torch.Tensor) -> torch.Tensor:
-        return torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+    def sequence_length(self, tokens_or_hidden: torch.Tensor) -> int:
+        """The whole sequence's length: the first stage gets whole sequences, a later one
+        under sequence parallel this rank's slice of one."""
+        return tokens_or_hidden.shape[1] * (1 if self.is_first else self.sequence_shards)
+
+    def positions(self, tokens_or_hidden: torch.Tensor) -> torch.Tensor:
+        return torch.arange(self.sequence_length(tokens_or_hidden), device=tokens_or_hidden.device).unsqueeze(0)
 
     def causal_mask(self, hidden: torch.Tensor, positions: torch.Tensor, kind: str = "full_attention"):
         """The mask the model's own forward gives blocks of attention `kind` ("full_attention"
-        or "sliding_attention": Mistral's window, Qwen2's sliding layers)."""
+        or "sliding_attention": Mistral's window, Qwen2's sliding layers), over the whole
+        sequence (the attention gathers it even where `hidden` is a slice)."""
         from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
         make = create_sliding_window_causal_mask if kind == "sliding_attention" else create_causal_mask
-        return make(config=self.config, inputs_embeds=hidden, attention_mask=None, past_key_values=None,
+        whole = hidden.new_zeros(()).expand(hidden.shape[0], positions.shape[1], hidden.shape[-1])  # no memory
+        return make(config=self.config, inputs_embeds=whole, attention_mask=None, past_key_values=None,
                     position_ids=positions)
 
     def attention_kind(self, block: int) -> str:
