@@ -173,3 +173,33 @@ def add_repo_to_path() -> None:
     """Let a script run as `python benchmarks/x.py` from a checkout (no install)."""
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
+
+
+def read_launches(paths: list[Path], script: str, producer: str) -> list[dict] | None:
+    """The launches of rows files that `producer` (a benchmarks/ script) wrote, in the order
+    given; None after printing one line naming the file when one cannot be read as such."""
+    import json
+
+    launches = []
+    for path in paths:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            print(f"{script}: error: {path}: cannot be read as JSON ({error})", file=sys.stderr)
+            return None
+        if not isinstance(data, dict) or not isinstance(data.get("launches"), list) or not data["launches"]:
+            print(f"{script}: error: {path}: not a rows file of benchmarks/{producer} (needs launches)",
+                  file=sys.stderr)
+            return None
+        launches += data["launches"]
+    return launches
+
+
+def write_page(out: Path, text: str) -> None:
+    """Write a rendered page atomically and say where."""
+    add_repo_to_path()
+    from trainwise.common.atomic import atomic_write_text
+
+    atomic_write_text(out, text)
+    print(f"wrote {out}")
+

@@ -28,27 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("rows", type=Path, nargs="+", help="rows files of engine_speed.py --rows")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    launches = []
-    for path in args.rows:
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as error:
-            print(f"render_engine_speed.py: error: {path}: cannot be read as JSON ({error})", file=sys.stderr)
-            return 2
-        if not isinstance(data, dict) or not isinstance(data.get("launches"), list):
-            print(f"render_engine_speed.py: error: {path}: not a rows file of benchmarks/engine_speed.py "
-                  "(needs launches)", file=sys.stderr)
-            return 2
-        launches += data["launches"]
-    if not launches:
-        print("render_engine_speed.py: error: the rows files hold no launch", file=sys.stderr)
+    launches = provenance.read_launches(args.rows, "render_engine_speed.py", "engine_speed.py")
+    if launches is None:
         return 2
-    text = render_page(latest(launches), provenance.script_command("render_engine_speed.py", argv))
-    provenance.add_repo_to_path()
-    from trainwise.common.atomic import atomic_write_text
-
-    atomic_write_text(args.out, text)
-    print(f"wrote {args.out}")
+    provenance.write_page(args.out, render_page(latest(launches),
+                                                provenance.script_command("render_engine_speed.py", argv)))
     return 0
 
 

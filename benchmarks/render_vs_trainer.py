@@ -25,21 +25,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("rows", type=Path, help="the rows file of vs_hf_trainer.py --rows")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    try:
-        data = json.loads(args.rows.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        print(f"render_vs_trainer.py: error: {args.rows}: cannot be read as JSON ({error})", file=sys.stderr)
+    launches = provenance.read_launches([args.rows], "render_vs_trainer.py", "vs_hf_trainer.py")
+    if launches is None:
         return 2
-    if not isinstance(data, dict) or not isinstance(data.get("launches"), list) or not data["launches"]:
-        print(f"render_vs_trainer.py: error: {args.rows}: not a rows file of benchmarks/vs_hf_trainer.py "
-              "(needs launches)", file=sys.stderr)
-        return 2
-    text = render_page(latest(data["launches"]), provenance.script_command("render_vs_trainer.py", argv))
-    provenance.add_repo_to_path()
-    from trainwise.common.atomic import atomic_write_text
-
-    atomic_write_text(args.out, text)
-    print(f"wrote {args.out}")
+    provenance.write_page(args.out, render_page(latest(launches), provenance.script_command("render_vs_trainer.py", argv)))
     return 0
 
 

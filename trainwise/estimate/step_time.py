@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from trainwise.common.rates import JobRates
 from trainwise.estimate.activation_offload_time import activation_offload_seconds, offload_traffic
 from trainwise.hardware import Device
 from trainwise.hardware.peak import peak_flops_for
@@ -62,7 +63,7 @@ OVERLAP_GROUPS = {"forward": "forward", "backward": "backward", "optimizer": "op
 
 
 @dataclass(frozen=True)
-class StepTime:
+class StepTime(JobRates):
     """Predicted seconds of one optimizer step (all micro-steps and the optimizer) on one
     device or rank. `tokens_per_s` and `samples_per_s` are the whole job's (all its `gpus`
     devices together; one device: that device's), `*_per_gpu` the job's over its devices."""
@@ -76,14 +77,6 @@ class StepTime:
     correction: float | None = None  # the measured/predicted factor applied, if any
     notes: tuple[str, ...] = field(default=())
     gpus: int = 1  # devices of the job the rates are for
-
-    @property
-    def tokens_per_s_per_gpu(self) -> float:
-        return self.tokens_per_s / self.gpus
-
-    @property
-    def samples_per_s_per_gpu(self) -> float:
-        return self.samples_per_s / self.gpus
 
     def to_json(self) -> dict:
         return {"step_s": self.step_s, "tokens_per_s": self.tokens_per_s, "samples_per_s": self.samples_per_s,

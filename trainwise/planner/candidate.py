@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainwise.common.rates import JobRates
 from trainwise.plan.layout import resolve_layout
 from trainwise.plan.plan import Plan
 
 
 @dataclass(frozen=True)
-class Candidate:
+class Candidate(JobRates):
     """A plan and its prediction on the target machine.
 
     memory_bytes: predicted device total of the fullest rank (what nvidia-smi would show).
@@ -36,10 +37,3 @@ class Candidate:
     def gpus(self) -> int:
         return resolve_layout(self.plan).world if self.plan.is_distributed else 1
 
-    @property
-    def tokens_per_s_per_gpu(self) -> float:
-        return self.tokens_per_s / self.gpus
-
-    @property
-    def samples_per_s_per_gpu(self) -> float:
-        return self.samples_per_s / self.gpus
