@@ -260,8 +260,9 @@ def _step_time(breakdown: dict[str, float], model_flops: int, plan: Plan, device
                profile: DeviceProfile, model_name: str, chunks: int, extra_notes=()) -> StepTime:
     key = f"step:{model_name}" if f"step:{model_name}" in profile.corrections else "step"
     correction = profile.corrections.get(key)
+    # Whose tokens/s these are (one device's, or a layout's whole job) the throughput line says.
     notes = [f"predicted from the traced ops and the {CATALOG_RATES if profile.source == 'catalog' else 'profile'}"
-             f" of {profile.device_name}; tokens/s and samples/s are this one device's"]
+             f" of {profile.device_name}"]
     notes.extend(extra_notes)
     if correction is not None:
         breakdown = {name: seconds * correction for name, seconds in breakdown.items()}
