@@ -55,6 +55,10 @@ class Case:
     def world(self) -> int:
         return self.ranks_per_node * self.nodes
 
+    def task(self) -> list[str]:
+        """The --task flag the case gives, which its one-process reference must give too."""
+        return self.flags[self.flags.index("--task"):self.flags.index("--task") + 2] if "--task" in self.flags else []
+
     def data_parallel(self) -> int:
         def degree(flag: str) -> int:
             return int(self.flags[self.flags.index(flag) + 1]) if flag in self.flags else 1
@@ -66,7 +70,8 @@ CASES = [
     Case("PP 2", "tiny-llama", PP2, 2),
     Case("TP 2 + SP, Llama", "tiny-llama", ["--tp", "2", *SP], 2),
     Case("TP 2 + SP, GPT-2", "tiny-gpt2", ["--tp", "2", *SP], 2),
-    Case("TP 2 + SP, BERT", "tiny-bert", ["--tp", "2", *SP], 2),
+    Case("TP 2 + SP, BERT", "tiny-bert", ["--task", "seq-cls", "--tp", "2", *SP], 2),
+    Case("TP 2, BERT masked-lm", "tiny-bert", ["--task", "masked-lm", "--tp", "2"], 2),
     Case("TP 2 + SP x PP 2, Llama", "tiny-llama", ["--tp", "2", *SP, *PP2], 4),
     Case("TP 2 + SP x PP 2, GPT-2", "tiny-gpt2", ["--tp", "2", *SP, *PP2], 4),
     Case("ZeRO-3 2 x TP 2 + SP x PP 2, Llama", "tiny-llama", ["--zero", "3", "--tp", "2", *SP, *PP2], 8),
@@ -89,10 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="layout-equality-") as scratch:
         for case in cases:
             model = model_dir(case.model, Path(scratch))
-            key = (case.model, case.data_parallel())
+            key = (case.model, case.data_parallel(), *case.task())
             if key not in references:
-                references[key] = run_case(Case("one process", case.model, ["--grad-accum", str(key[1])], 1),
-                                           model, Path(scratch), args.timeout)
+                reference = Case("one process", case.model, [*case.task(), "--grad-accum", str(key[1])], 1)
+                references[key] = run_case(reference, model, Path(scratch), args.timeout)
             got = run_case(case, model, Path(scratch), args.timeout)
             rows.append(compare(case, got, references[key]))
             print(json.dumps(rows[-1]), flush=True)

@@ -273,3 +273,13 @@ def test_the_trainer_baseline_refuses_the_gpu_knobs_as_trainwise_does(tmp_path, 
         assert code == 2 and len(err) == 1 and err[0].startswith(f"trainwise: error: {field}: ")
         assert "needs a CUDA GPU" in err[0] and "the target is cpu" in err[0]
         fault_log(kind="bad input", case=f"Trainer baseline row with {knobs} on cpu", exit_code=2, message=err[0])
+
+
+def test_float8_on_a_model_with_no_linear_layer_to_convert_is_refused_not_run_in_bf16():
+    # GPT-2's projections are transformers' Conv1D: float8 training would convert nothing.
+    from trainwise.common.errors import InputError
+    from trainwise.step.float8 import apply_float8
+
+    with pytest.raises(InputError) as refused:
+        apply_float8(build_model(resolve_model("tiny-gpt2"), "meta"), Plan(**F8))
+    assert refused.value.field == "--float8" and "converts no layer" in str(refused.value)

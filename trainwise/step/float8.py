@@ -104,14 +104,19 @@ def apply_float8(model: nn.Module, plan, local_widths=None) -> nn.Module:
     layers already swapped stay as they are, so the engine may convert before tensor
     parallel and the recipe again after). Under FSDP2 the weights are all-gathered in
     float8 (half the bf16 traffic)."""
+    chosen = float8_layer_filter(model, local_widths)
+    names = {name for name, module in model.named_modules() if chosen(module, name)}
+    if not names:
+        if not any(_is_float8(module) for module in model.modules()):
+            # Asked for float8, the step would run in bf16 without a word: refuse instead.
+            raise InputError("--float8", f"converts no layer of this model: float8 training swaps nn.Linear layers "
+                                         f"whose widths are multiples of {FLOAT8_ALIGNMENT} (not the output head), "
+                                         "and it has none (GPT-2's projections are transformers' Conv1D); drop --float8")
+        return model
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     sharded = plan.fsdp > 1 or (plan.zero or 0) >= 2
     config = Float8LinearConfig(enable_fsdp_float8_all_gather=sharded)
-    chosen = float8_layer_filter(model, local_widths)
-    names = {name for name, module in model.named_modules() if chosen(module, name)}
-    if not names:
-        return model
     model = convert_to_float8_training(model, module_filter_fn=chosen, config=config)
     for name in names:
         model.get_submodule(name).register_forward_pre_hook(_input_in_autocast_dtype)
