@@ -3,7 +3,8 @@
 stand-in `scontrol` (every host is localhost), two "nodes" of one process each meet through
 torchrun's c10d rendezvous and train a tiny model for two steps into the script's output
 directory. The per-node `trainwise train` line `plan` prints: run twice on this host with
-NODE_RANK 0 and 1, it trains the same way (this one needs train's multi-node flags)."""
+NODE_RANK 0 and 1, it trains the same way. The per-node script of `plan --emit torchrun`: run twice on
+this host with HEAD_NODE 127.0.0.1, the two "nodes" meet and train."""
 
 from __future__ import annotations
 
@@ -95,6 +96,23 @@ def test_the_per_node_train_line_plan_prints_trains_on_two_nodes(tmp_path):
     env = _environment("", HEAD_NODE="127.0.0.1")
     nodes = [_start(["bash", "-c", line], tmp_path, {**env, "NODE_RANK": str(rank)}, tmp_path / f"node-{rank}.log")
              for rank in (0, 1)]
+    for code, log in _finish(nodes):
+        assert code == 0, log[-3000:]
+    assert (output / "final").is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_the_emitted_torchrun_script_trains_when_run_on_two_nodes(tmp_path):
+    plan = Plan(device="cpu", nproc=2, dp=2, batch_size=2, seq_len=32)
+    output = tmp_path / "run"
+    text, missing = emit(plan, "torchrun", Launch("tiny-llama", gpus_per_node=1, data="builtin", steps=2,
+                                                  output=str(output)))
+    assert "--nnodes 2" in text and "--nproc-per-node 1" in text and missing == []
+    script = tmp_path / "node.sh"
+    script.write_text(text.replace(":29500", f":{free_port()}") + "\n")  # a free port here, as a user would pick
+    env = _environment("", HEAD_NODE="127.0.0.1")
+    nodes = [_start(["bash", str(script)], tmp_path, env, tmp_path / f"node-{rank}.log") for rank in (0, 1)]
     for code, log in _finish(nodes):
         assert code == 0, log[-3000:]
     assert (output / "final").is_dir()
