@@ -47,7 +47,7 @@ COLUMNS = "100"
 MASKS = (
     (re.compile(r"\d[\d,]*(\.\d+)? (s\b|tok/s|samples/s)"), r"<n> \2"),
     (re.compile(r"(loss|final loss\s*│)\s+\d+\.\d+"), r"\1 <loss>"),
-    (re.compile(r"(│ (time \(s\)|samples/s|tokens/s)\s*│)\s*[\d,.]+"), r"\1 <n>"),
+    (re.compile(r"(│ (time \(s\)|samples/s|tokens/s)( \(job\)| per GPU)?\s*│)\s*[\d,.]+"), r"\1 <n>"),
 )
 
 

@@ -17,6 +17,7 @@ def test_the_mask_hides_times_speeds_and_cpu_losses_but_not_predictions():
     line = "step 20/20  loss 6.4965  97 tok/s  1.5 samples/s  MFU n/a  peak 12.6 MiB"
     assert quickstart.mask(line) == "step 20/20  loss <loss>  <n> tok/s  <n> samples/s  MFU n/a  peak 12.6 MiB"
     assert quickstart.mask("│ time (s)       │    65.88 │") == "│ time (s)       │ <n> │"
+    assert quickstart.mask("│ tokens/s (job)  │  7,999.5 │") == "│ tokens/s (job)  │ <n> │"
     assert quickstart.mask("448 plans screened, 25 estimates, 159.5 s; fit") == \
         "448 plans screened, 25 estimates, <n> s; fit"
     kept = "│ peak allocated     │ 71.51 GiB │       62.13 │       100.0 % │"
