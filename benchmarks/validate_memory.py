@@ -2,7 +2,7 @@
 
 For each configuration a fresh Python process (memory handed to the CUDA caching allocator
 never comes back otherwise) builds the real model with random weights, applies the plan's
-recipe (`trainwise.step`), creates the optimizer state, resets the peak statistics and runs
+recipe (`trainwise.techniques`), creates the optimizer state, resets the peak statistics and runs
 two full optimizer steps. It reports `torch.cuda.max_memory_allocated()`,
 `torch.cuda.max_memory_reserved()` and the GPU memory NVML shows for the process (what
 nvidia-smi shows). The prediction, `trainwise.api.estimate` for device "cuda" (the GPU
@@ -158,7 +158,7 @@ def run_config(config: Config, device: str = "cuda", steps: int = 2) -> dict:
 
     from trainwise.models import build_model, example_batch, resolve_model
     from trainwise.plan.plan import Plan
-    from trainwise.step import build_optimizer, compute_loss, precision_policy, prepare_model
+    from trainwise.techniques import build_optimizer, compute_loss, precision_policy, prepare_model
 
     plan = Plan.from_dict({**config.knobs, "device": device})
     spec = resolve_model(config.model, task=config.task)

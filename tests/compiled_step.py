@@ -16,7 +16,7 @@ from trainwise.engine.compile_regions import compile_model_parts
 from trainwise.engine.memory_probe import highest_running_sum, unique_storage_bytes
 from trainwise.models import build_model, example_batch, resolve_model
 from trainwise.plan.plan import Plan
-from trainwise.step import build_optimizer, compute_loss, precision_policy, prepare_model
+from trainwise.techniques import build_optimizer, compute_loss, precision_policy, prepare_model
 
 
 def second_step_peak(name: str, plan: Plan, after_forward: Callable | None = None) -> tuple[int, object]:

@@ -2,7 +2,7 @@
 
 Nothing here uses the tracer (`trainwise.trace`) or the estimator (`trainwise.estimate`):
 the step runs on real CPU tensors and every figure is read from PyTorch itself. Only the
-step *recipe* is shared (`trainwise.step`: precision policy, prepare_model, build_optimizer,
+step *recipe* is shared (`trainwise.techniques`: precision policy, prepare_model, build_optimizer,
 compute_loss), because that is what is being estimated. The step sequence is written out
 again below, on purpose, rather than imported from the tracer.
 
@@ -56,8 +56,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from trainwise.models import ModelSpec, build_model, example_batch
 from trainwise.plan.plan import Plan
-from trainwise.step import build_optimizer, compute_loss, precision_policy, prepare_model
-from trainwise.step.selective_checkpoint import observe_kept
+from trainwise.techniques import build_optimizer, compute_loss, precision_policy, prepare_model
+from trainwise.techniques.selective_checkpoint import observe_kept
 
 STEP_RANGE = "trainwise.reference.step"
 

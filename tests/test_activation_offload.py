@@ -1,5 +1,5 @@
 """--activation-offload: the blocks' saved tensors go to host memory in forward and come
-back for backward (trainwise/step/activation_offload.py).
+back for backward (trainwise/techniques/activation_offload.py).
 
 On the CPU nothing moves (host memory is where the tensors are), so besides the real CPU
 run, the loss curves are also checked with the offloader told to treat the CPU as a
@@ -20,8 +20,8 @@ from trainwise.estimate.activation_offload_time import OffloadTraffic, activatio
 from trainwise.hardware.profile import DeviceProfile, Rate
 from trainwise.models import build_model, example_batch, resolve_model
 from trainwise.plan.plan import Plan
-from trainwise.step import build_optimizer, compute_loss, precision_policy, prepare_model
-from trainwise.step.activation_offload import OFFLOADER_ATTRIBUTE, enable_activation_offload, from_parameter
+from trainwise.techniques import build_optimizer, compute_loss, precision_policy, prepare_model
+from trainwise.techniques.activation_offload import OFFLOADER_ATTRIBUTE, enable_activation_offload, from_parameter
 
 STEPS = 20
 # fp32 on one thread order: the copies are bit-exact, so the curves are equal.

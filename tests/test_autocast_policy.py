@@ -7,7 +7,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from trainwise.step.precision import precision_policy
+from trainwise.techniques.precision import precision_policy
 from trainwise.trace.autocast_policy import (
     CPU_ONLY,
     CUDA_POLICY,

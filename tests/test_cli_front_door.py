@@ -204,7 +204,7 @@ def test_a_bad_jsonl_line_is_one_line_of_ours_without_the_readers_noise(tmp_path
 def test_checkpointing_turns_the_kv_cache_off_so_transformers_has_nothing_to_warn_about():
     from trainwise.models import build_model, resolve_model
     from trainwise.plan import Plan
-    from trainwise.step import precision_policy, prepare_model
+    from trainwise.techniques import precision_policy, prepare_model
 
     spec = resolve_model("tiny-llama")
     plan = Plan(device="cpu", batch_size=1, seq_len=16, grad_ckpt=True)

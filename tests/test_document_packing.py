@@ -18,7 +18,7 @@ from trainwise.engine.data.tokens import BYTE_EOS, ByteTokenizer
 from trainwise.models import build_model, resolve_model
 from trainwise.models.documents import DOCUMENT_MASK_FAMILIES, attend_within_documents
 from trainwise.plan.plan import Plan
-from trainwise.step import build_optimizer, compute_loss, precision_policy, prepare_model
+from trainwise.techniques import build_optimizer, compute_loss, precision_policy, prepare_model
 
 TEXTS = ("Packing keeps rows full.", "Each document attends to itself.", "No padding, no leaks!")
 LOSS_TOLERANCE = 1e-5  # relative, fp32: one packed row against the documents one by one

@@ -15,7 +15,7 @@ from trainwise.engine.schedule import build_scheduler
 from trainwise.engine.setup import TrainingSetup
 from trainwise.engine.train_step import _clip, _optimizer_step
 from trainwise.plan import Plan
-from trainwise.step.optimizers import build_optimizer
+from trainwise.techniques.optimizers import build_optimizer
 
 INITIAL_SCALE = 2.0**8
 

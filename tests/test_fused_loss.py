@@ -23,7 +23,7 @@ from trainwise.cli.main import main
 from trainwise.engine.run_config import RunConfig
 from trainwise.models import resolve_model
 from trainwise.plan.plan import Plan
-from trainwise.step.fused_loss import chunk_rows, chunked_linear_cross_entropy
+from trainwise.techniques.fused_loss import chunk_rows, chunked_linear_cross_entropy
 
 # fp32 on both paths: the only difference is the order of float32 sums (chunked logsumexp
 # and weight-gradient accumulation), ~1e-7 relative per step; AdamW over 20 steps can

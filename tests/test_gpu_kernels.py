@@ -21,9 +21,9 @@ from trainwise.hardware import resolve_device
 from trainwise.hardware.catalog import catalog
 from trainwise.models import build_model, resolve_model
 from trainwise.plan import InputError, Plan
-from trainwise.step import kernels as kernels_module
-from trainwise.step.float8 import float8_layer_filter
-from trainwise.step.kernels import LIGER_FAMILIES, liger_arguments
+from trainwise.techniques import kernels as kernels_module
+from trainwise.techniques.float8 import float8_layer_filter
+from trainwise.techniques.kernels import LIGER_FAMILIES, liger_arguments
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--seq-len", "16", "--batch-size", "1"]
@@ -95,7 +95,7 @@ def test_float8_refuses_what_it_does_not_compose_with(knobs, says, fault_log):
 
 @pytest.mark.fault
 def test_a_run_here_needs_torchao_and_compile_while_estimate_predicts_for_elsewhere(monkeypatch, fault_log):
-    from trainwise.step import float8 as float8_module
+    from trainwise.techniques import float8 as float8_module
 
     plan = Plan(device="H100", **F8)
     monkeypatch.setattr(float8_module, "installed", lambda package: True)  # the estimate traces torchao
@@ -112,7 +112,7 @@ def test_a_run_here_needs_torchao_and_compile_while_estimate_predicts_for_elsewh
 
 @pytest.mark.fault
 def test_estimate_of_float8_without_torchao_is_refused_with_the_install_line(monkeypatch, fault_log):
-    from trainwise.step import float8 as float8_module
+    from trainwise.techniques import float8 as float8_module
 
     monkeypatch.setattr(float8_module, "installed", lambda package: False)
     refused = _refusal(Plan(device="H100", **F8), here=False)
@@ -156,7 +156,7 @@ def test_the_recipe_hands_the_built_model_to_the_family_patch(monkeypatch):
     """The engine's recipe patches the unmodified model it built, through the family's own
     Liger function (a recording stand-in for liger_kernel, which needs Triton); a model on
     the meta device (a trace) gets trainwise's traced stand-in instead."""
-    from trainwise.step import precision_policy, prepare_model
+    from trainwise.techniques import precision_policy, prepare_model
 
     calls = []
     stand_in = types.ModuleType("liger_kernel.transformers")
@@ -190,7 +190,7 @@ def test_float8_with_torchao_swaps_exactly_the_filtered_layers():
     pytest.importorskip("torchao.float8")
     from torchao.float8.float8_linear import Float8Linear
 
-    from trainwise.step.float8 import apply_float8
+    from trainwise.techniques.float8 import apply_float8
 
     model = apply_float8(build_model(resolve_model("tiny-llama"), "meta"), Plan(**F8))
     swapped = {name for name, module in model.named_modules() if isinstance(module, Float8Linear)}
@@ -249,7 +249,7 @@ def test_a_converted_layer_sees_its_input_in_the_autocast_dtype_of_either_device
     CUDA step under CPU autocast, so the layer's pre-hook casts there too (a GPU run: no-op)."""
     import torch
 
-    from trainwise.step.float8 import _input_in_autocast_dtype
+    from trainwise.techniques.float8 import _input_in_autocast_dtype
 
     layer, x = nn.Linear(16, 16), torch.ones(2, 16)
     assert _input_in_autocast_dtype(layer, (x,)) is None
@@ -278,7 +278,7 @@ def test_the_trainer_baseline_refuses_the_gpu_knobs_as_trainwise_does(tmp_path, 
 def test_float8_on_a_model_with_no_linear_layer_to_convert_is_refused_not_run_in_bf16():
     # GPT-2's projections are transformers' Conv1D: float8 training would convert nothing.
     from trainwise.common.errors import InputError
-    from trainwise.step.float8 import apply_float8
+    from trainwise.techniques.float8 import apply_float8
 
     with pytest.raises(InputError) as refused:
         apply_float8(build_model(resolve_model("tiny-gpt2"), "meta"), Plan(**F8))

@@ -1,4 +1,4 @@
-"""`--kernels liger` in the estimate: the stand-in for Liger's kernels (trainwise/step/
+"""`--kernels liger` in the estimate: the stand-in for Liger's kernels (trainwise/techniques/
 liger_stand_in.py) computes the unfused modules' math (real fp32 CPU tensors, forward and
 backward), keeps what Liger keeps (the traced activations drop by exactly the bytes the
 unfused norms and MLPs keep and Liger does not), and is priced as one op per kernel."""
@@ -18,9 +18,9 @@ from trainwise.api import estimate
 from trainwise.cli.main import main
 from trainwise.models import build_model, example_batch, resolve_model
 from trainwise.plan import Plan
-from trainwise.step import compute_loss
-from trainwise.step.kernels import liger_arguments
-from trainwise.step.liger_stand_in import (GEMMA_CASTING, GatedActivationStandIn, NormCasting, RMSNormStandIn,
+from trainwise.techniques import compute_loss
+from trainwise.techniques.kernels import liger_arguments
+from trainwise.techniques.liger_stand_in import (GEMMA_CASTING, GatedActivationStandIn, NormCasting, RMSNormStandIn,
                                            patch_liger_stand_in, stand_in_rotary_pos_emb)
 from trainwise.trace.step_trace import trace_training_step
 

@@ -15,8 +15,8 @@ from trainwise.api import estimate
 from trainwise.cli.main import main
 from trainwise.models import build_model, example_batch, resolve_model
 from trainwise.plan.plan import Plan
-from trainwise.step import build_optimizer, compute_loss, precision_policy, prepare_model
-from trainwise.step.checkpointing import enable_checkpointing
+from trainwise.techniques import build_optimizer, compute_loss, precision_policy, prepare_model
+from trainwise.techniques.checkpointing import enable_checkpointing
 from trainwise.trace.depth import with_blocks
 
 STEPS = 20

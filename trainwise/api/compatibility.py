@@ -19,10 +19,10 @@ from trainwise.plan.combinations import check_combinations
 from trainwise.common.errors import InputError, NotSupportedYet
 from trainwise.plan.layout import Layout
 from trainwise.plan.plan import Plan
-from trainwise.step.activation_offload import check_activation_offload
-from trainwise.step.float8 import check_float8
-from trainwise.step.kernels import check_kernels
-from trainwise.step.fused_loss_model import check_fused_loss_layout, check_fused_loss_model
+from trainwise.techniques.activation_offload import check_activation_offload
+from trainwise.techniques.float8 import check_float8
+from trainwise.techniques.kernels import check_kernels
+from trainwise.techniques.fused_loss_model import check_fused_loss_layout, check_fused_loss_model
 
 
 def check_request(plan: Plan, device: Device, spec: ModelSpec | None = None, *,

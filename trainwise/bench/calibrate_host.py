@@ -173,9 +173,9 @@ def reference_step(device: torch.device, plan):
     (the plan's checkpointing applied): a function that runs it once."""
     from trainwise.engine.schedule import build_scheduler
     from trainwise.models import build_model, example_batch, resolve_model
-    from trainwise.step.optimizers import build_optimizer
-    from trainwise.step.precision import precision_policy
-    from trainwise.step.recipe import compute_loss, prepare_model
+    from trainwise.techniques.optimizers import build_optimizer
+    from trainwise.techniques.precision import precision_policy
+    from trainwise.techniques.recipe import compute_loss, prepare_model
 
     spec = resolve_model(REFERENCE_MODEL)
     torch.manual_seed(0)

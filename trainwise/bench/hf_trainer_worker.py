@@ -32,12 +32,12 @@ from trainwise.models.attention import pick_attention
 from trainwise.models.task_inputs import fit_task_sequence
 from trainwise.plan import InputError, plan_from_sources
 from trainwise.common.errors import OutOfMemory
-from trainwise.step.activation_offload import enable_activation_offload
-from trainwise.step.checkpointing import largest_module_list
-from trainwise.step.float8 import apply_float8, check_float8
-from trainwise.step.kernels import apply_kernels, check_kernels
-from trainwise.step.fused_loss_model import apply_fused_loss
-from trainwise.step.lora import apply_lora
+from trainwise.techniques.activation_offload import enable_activation_offload
+from trainwise.techniques.checkpointing import largest_module_list
+from trainwise.techniques.float8 import apply_float8, check_float8
+from trainwise.techniques.kernels import apply_kernels, check_kernels
+from trainwise.techniques.fused_loss_model import apply_fused_loss
+from trainwise.techniques.lora import apply_lora
 
 HF_OPTIMIZERS = {"adamw": "adamw_torch", "adamw-fused": "adamw_torch_fused", "adafactor": "adafactor",
                  "adamw-8bit": "adamw_bnb_8bit", "sgd": "sgd"}
@@ -108,7 +108,7 @@ def _selective_by_hand(model, plan) -> None:
     TrainingArguments cannot hold (they are serialised to JSON), so the model's own switch is
     called before the Trainer is built, with the same policy trainwise uses."""
     if plan.grad_ckpt and plan.grad_ckpt_policy == "selective":
-        from trainwise.step.selective_checkpoint import checkpoint_kwargs
+        from trainwise.techniques.selective_checkpoint import checkpoint_kwargs
 
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=checkpoint_kwargs("selective"),
                                               every_n_layers=plan.grad_ckpt_every)

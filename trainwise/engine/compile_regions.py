@@ -30,7 +30,7 @@ from torch import nn
 from trainwise.common.errors import InputError
 from trainwise.engine.compile_cache import enable_compile_cache
 from trainwise.plan.plan import Plan
-from trainwise.step.checkpointing import largest_module_list
+from trainwise.techniques.checkpointing import largest_module_list
 
 
 def compile_model_parts(parts: list[nn.Module], plan: Plan, *, in_place: bool) -> list[nn.Module]:

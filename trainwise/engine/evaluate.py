@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from trainwise.engine.train_step import to_device
-from trainwise.step import compute_loss
+from trainwise.techniques import compute_loss
 
 _HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
 

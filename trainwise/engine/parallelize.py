@@ -5,7 +5,7 @@ steps it does not use leave the model as it is.
     1. precision policy and device switches (TF32), checked against the device first
     2. tensor parallel: DTensor's parallelize_module on the tp mesh (--tp); with --float8
        the split projections are converted to float8 first, for torchao's float8 styles
-    3. the step recipe shared with the estimate (trainwise/step/recipe.py): MoE router
+    3. the step recipe shared with the estimate (trainwise/techniques/recipe.py): MoE router
        loss -> LoRA adapters -> activation checkpointing -> weight dtype -> train mode
     4. pipeline split into this rank's stages on the pp mesh (--pp), then what must wait
        until the parameters sit in their place and dtype (the tensor-parallel embedding's
@@ -37,7 +37,7 @@ from trainwise.engine.runtime import apply_numeric_switches, check_precision_sup
 from trainwise.engine.schedule import build_scheduler
 from trainwise.engine.setup import TrainingSetup
 from trainwise.plan.plan import Plan
-from trainwise.step import build_optimizer, precision_policy, prepare_model
+from trainwise.techniques import build_optimizer, precision_policy, prepare_model
 
 
 def parallelize(model: nn.Module, plan: Plan, device: torch.device, total_steps: int,

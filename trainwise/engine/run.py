@@ -37,7 +37,7 @@ from trainwise.engine.step_values import StepValues
 from trainwise.engine.train_step import training_step
 from trainwise.common.errors import InputError
 from trainwise.plan.plan import Plan
-from trainwise.step.fused_loss_model import loss_implementation
+from trainwise.techniques.fused_loss_model import loss_implementation
 
 
 @dataclass(frozen=True)

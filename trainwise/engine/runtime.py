@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from trainwise.common.errors import InputError
-from trainwise.step.precision import PrecisionPolicy
+from trainwise.techniques.precision import PrecisionPolicy
 
 
 def runtime_device(requested: str, *, explicit: bool = True) -> torch.device:

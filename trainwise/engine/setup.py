@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from trainwise.engine.parallel.mesh import Distributed
-from trainwise.step.precision import PrecisionPolicy
+from trainwise.techniques.precision import PrecisionPolicy
 
 
 @dataclass

@@ -15,7 +15,7 @@ from trainwise.engine.parallel.reduce import clip_gradients, plain_loss
 from trainwise.engine.parallel.reduce import mean_loss as parallel_mean_loss
 from trainwise.engine.setup import TrainingSetup
 from trainwise.plan.plan import Plan
-from trainwise.step import compute_loss
+from trainwise.techniques import compute_loss
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The time --activation-offload adds to a step: the blocks' saved tensors copied to host
 memory in forward and back in backward over PCIe (profile.host_to_device, one direction),
-priced as the engine overlaps them (trainwise/step/activation_offload.py):
+priced as the engine overlaps them (trainwise/techniques/activation_offload.py):
 
 * device to host runs on a side stream beside the forward: exposed only where it outlasts
   the forward's device work;
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from trainwise.hardware.profile import DeviceProfile
-from trainwise.step.activation_offload import OFFLOADED_OP
+from trainwise.techniques.activation_offload import OFFLOADED_OP
 from trainwise.trace.depth import DepthFit, extrapolate_by_kind
 from trainwise.trace.step_trace import StepTrace
 

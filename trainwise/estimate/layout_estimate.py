@@ -22,7 +22,7 @@ from trainwise.models import ModelSpec, build_model_with_notes, count_parameters
 from trainwise.models.families.checks import check_model_layout
 from trainwise.plan.layout import Layout, resolve_layout
 from trainwise.plan.plan import Plan
-from trainwise.step.precision import precision_policy
+from trainwise.techniques.precision import precision_policy
 from trainwise.trace.depth import block_count, depth_fit, extrapolate_by_kind, with_blocks
 from trainwise.trace.layer_pattern import layer_pattern
 
@@ -88,8 +88,8 @@ def _counts(spec: ModelSpec, plan: Plan, device: Device) -> tuple[int, int]:
     """(parameters, trainable parameters) of the whole model, from meta builds of one and
     two blocks where blocks are identical, else of the depths `depth_fit` traces (blocks
     that differ by design: trainwise/trace/depth.py) or of the whole model."""
-    from trainwise.step import precision_policy
-    from trainwise.step.recipe import prepare_model
+    from trainwise.techniques import precision_policy
+    from trainwise.techniques.recipe import prepare_model
 
     fit = depth_fit(spec.config)
     blocks = block_count(spec.config) or 1

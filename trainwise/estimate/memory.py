@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from trainwise.estimate.anatomy import replay
 from trainwise.estimate.caching_allocator import AllocatorStats, CachingAllocatorModel, round_block_size
 from trainwise.hardware import Device
-from trainwise.step.activation_offload import OFFLOADED_OP
+from trainwise.techniques.activation_offload import OFFLOADED_OP
 from trainwise.trace.recorder import ALLOC
 from trainwise.trace.step_trace import StepTrace
 

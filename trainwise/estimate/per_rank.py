@@ -43,7 +43,7 @@ from trainwise.estimate.rank_states import STATE_KEYS, rank_parameters, shard_sh
 from trainwise.estimate.rank_view import RankModel, RankView, rank_plan, rank_views
 from trainwise.plan.layout import Layout
 from trainwise.plan.plan import Plan
-from trainwise.step.precision import precision_policy
+from trainwise.techniques.precision import precision_policy
 
 # The entry points, wherever each is defined.
 __all__ = ["RankModel", "RankView", "headless_workload", "rank_config", "rank_memory", "rank_plan", "rank_reshape",

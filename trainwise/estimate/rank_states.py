@@ -18,7 +18,7 @@ from trainwise.estimate.rank_view import RankModel, RankView
 from trainwise.models.families import family_of
 from trainwise.plan.partition import per_part_shape, zero_one_owner
 from trainwise.plan.plan import Plan
-from trainwise.step.float8 import gathered_in_float8
+from trainwise.techniques.float8 import gathered_in_float8
 
 STATE_KEYS = ("weights", "gradients", "optimizer")
 
@@ -40,8 +40,8 @@ def rank_parameters(rank_model: RankModel, plan: Plan, policy, view: RankView, t
     """The rank's parameters at their tensor-parallel shapes, built from a one-block model
     (blocks are identical; each block parameter stands for `view.blocks` copies) where the
     model is one stack of blocks, else from the whole model."""
-    from trainwise.step.checkpointing import largest_module_list
-    from trainwise.step.recipe import prepare_model
+    from trainwise.techniques.checkpointing import largest_module_list
+    from trainwise.techniques.recipe import prepare_model
 
     one_block = view.blocks > 0 and rank_model.single_stack
     model = prepare_model(rank_model.build(1 if one_block else None), plan, policy, rank_model.task)

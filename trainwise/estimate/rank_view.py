@@ -30,7 +30,7 @@ class RankView:
     has_head: bool
     chunks_in_flight: int
     # [first, end) of each of its stages, counted in the whole stack: the engine checkpoints
-    # blocks by their index there (step/checkpointing.py runs before the pipeline split).
+    # blocks by their index there (techniques/checkpointing.py runs before the pipeline split).
     block_ranges: tuple[tuple[int, int], ...] = ()
 
     def to_json(self) -> dict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainwise.plan.fsdp_settings import FsdpSettings
-from trainwise.step.precision import precision_policy
+from trainwise.techniques.precision import precision_policy
 from trainwise.trace.depth import checkpoint_every
 
 
@@ -91,7 +91,7 @@ def communicated_bytes(precision: str, device_type: str, data_parallel_kind: str
 def recomputed_blocks(plan, block_ranges) -> int:
     """How many blocks of `block_ranges` ([first, end) in the whole stack) checkpointing
     runs forward again in backward: none without --grad-ckpt, blocks 0, k, 2k, ... with
-    --grad-ckpt-every k (every block at k = 1), as step/checkpointing.py picks them."""
+    --grad-ckpt-every k (every block at k = 1), as techniques/checkpointing.py picks them."""
     if not plan.grad_ckpt:
         return 0
     every = checkpoint_every(plan)

@@ -31,7 +31,7 @@ from trainwise.planner.candidate import Candidate
 from trainwise.planner.search import Evaluator, SearchResult, candidate_of, confirm, fits, rank_key
 from trainwise.planner.space import Space
 from trainwise.plan.plan import Plan
-from trainwise.step.float8 import float8_plan_problem
+from trainwise.techniques.float8 import float8_plan_problem
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ REFINEMENTS = (
                lambda p: p.grad_ckpt and p.grad_ckpt_every == 1, lambda best: best.grad_ckpt),
     Refinement("activation offload", {"activation_offload": True}, lambda p: not p.activation_offload,
                lambda best: best.grad_ckpt, runs_on=lambda device: device.kind != "cpu"),  # refused there
-    # Estimated from a stand-in that keeps what Liger's kernels keep (step/liger_stand_in.py).
+    # Estimated from a stand-in that keeps what Liger's kernels keep (techniques/liger_stand_in.py).
     Refinement("Liger kernels", {"kernels": "liger"}, lambda p: p.kernels == "none", runs_on=liger_can_run),
     # Per block (the default scope); refused with --tp, so plans with it are left as they are.
     Refinement("compile", {"compile": True}, lambda p: not p.compile and p.tp == 1, runs_on=compile_can_run),

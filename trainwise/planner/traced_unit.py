@@ -32,7 +32,7 @@ from trainwise.models import ModelSpec, build_model_with_notes
 from trainwise.models.families import family_of
 from trainwise.plan.layout import Layout
 from trainwise.plan.plan import Plan
-from trainwise.step.precision import precision_policy
+from trainwise.techniques.precision import precision_policy
 from trainwise.trace.depth import with_blocks
 
 

@@ -35,7 +35,7 @@ import warnings
 import torch
 from torch.library import Library, fallthrough_kernel
 
-from trainwise.step.precision import PrecisionPolicy
+from trainwise.techniques.precision import PrecisionPolicy
 from trainwise.trace.process_wide import SharedPatch
 
 # CUDA cast policies (names as in ATen's CastPolicy).

@@ -33,7 +33,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from trainwise.plan.plan import Plan
-from trainwise.step import compute_loss, precision_policy, prepare_model
+from trainwise.techniques import compute_loss, precision_policy, prepare_model
 from trainwise.trace.ctc_loss import traceable_ctc_loss
 from trainwise.trace.depth import depth_fit, extrapolate_by_kind, with_blocks
 from trainwise.trace.fake_model import materialize_fake

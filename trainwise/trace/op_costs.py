@@ -24,7 +24,7 @@ Op classes (decided here, documented in docs/plan.md):
   time) but launch no kernel and move no bytes;
 * "elementwise": every other op, memory-bound, costed by the bytes it reads and writes.
 
-A custom op of the Liger stand-in (trainwise/step/liger_stand_in_ops.py) is one fused
+A custom op of the Liger stand-in (trainwise/techniques/liger_stand_in_ops.py) is one fused
 kernel: one op reading its inputs and writing its outputs and the tensors it overwrites
 once, classed by what it computes (RMSNorm: "normalization"; the gated activations:
 "transcendental"; the rotary embedding: "elementwise").
@@ -56,7 +56,7 @@ for _name in ("float8_e4m3fn", "float8_e5m2"):
 NORM_OPS = ("native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm", "_fused_rms_norm_backward",
             "native_group_norm", "native_group_norm_backward", "native_batch_norm", "native_batch_norm_backward",
             "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
-            "liger_rms_norm", "liger_rms_norm_backward")  # the Liger stand-in's (step/liger_stand_in_ops.py)
+            "liger_rms_norm", "liger_rms_norm_backward")  # the Liger stand-in's (techniques/liger_stand_in_ops.py)
 ATTENTION_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
                  "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
                  "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward",

@@ -178,7 +178,7 @@ class AllocationRecorder(TorchDispatchMode):
 
     def mark_saved(self, tensor: torch.Tensor) -> None:
         """Note `tensor`'s storage as kept for backward in this phase (autograd's hook, and
-        the outputs selective checkpointing keeps: trainwise/step/selective_checkpoint.py)."""
+        the outputs selective checkpointing keeps: trainwise/techniques/selective_checkpoint.py)."""
         key = self.track(tensor, op="saved")
         if key is not None:
             self.records[key].saved_in.add(self.phase)

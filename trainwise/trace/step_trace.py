@@ -11,10 +11,10 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from trainwise.plan.plan import Plan
-from trainwise.step import build_optimizer, compute_loss, precision_policy
-from trainwise.step.activation_offload import OFFLOADED_OP, OFFLOADER_ATTRIBUTE
-from trainwise.step.precision import PrecisionPolicy
-from trainwise.step.selective_checkpoint import observe_kept
+from trainwise.techniques import build_optimizer, compute_loss, precision_policy
+from trainwise.techniques.activation_offload import OFFLOADED_OP, OFFLOADER_ATTRIBUTE
+from trainwise.techniques.precision import PrecisionPolicy
+from trainwise.techniques.selective_checkpoint import observe_kept
 from trainwise.trace.autocast_policy import autocast_for_target, cuda_autocast_kernels
 from trainwise.trace.blocks import BlockTracker
 from trainwise.trace.ctc_loss import traceable_ctc_loss
@@ -72,7 +72,7 @@ def trace_training_step(model: nn.Module, batch_fn, plan: Plan, target_device_ty
     kernels the real step would use; the trace itself always runs on fake CPU tensors.
     `compiled_pricing`: price the ops as compiled too when the plan does not compile
     (`op_costs_by_compile`, see `priced_as`)."""
-    from trainwise.step.recipe import prepare_model
+    from trainwise.techniques.recipe import prepare_model
 
     policy = precision_policy(plan.precision, target_device_type)
     model = prepare_model(model, plan, policy, task)
@@ -142,7 +142,7 @@ def mark_offloaded(recorder: AllocationRecorder, host: torch.Tensor) -> None:
 
 def traced_optimizer(plan: Plan, model: nn.Module, target_device_type: str) -> torch.optim.Optimizer:
     if plan.optim == "adamw-8bit":
-        from trainwise.step.optimizers import parameter_groups
+        from trainwise.techniques.optimizers import parameter_groups
         from trainwise.trace.bnb_state import AdamW8bitStateModel
 
         return AdamW8bitStateModel(parameter_groups(model, plan.weight_decay), lr=plan.lr)

@@ -18,7 +18,7 @@ from torch import nn
 
 from trainwise.common.errors import InputError
 from trainwise.plan.plan import Plan
-from trainwise.step.checkpointing import largest_module_list
+from trainwise.techniques.checkpointing import largest_module_list
 
 
 def classic_devices(device: torch.device) -> list[torch.device]:

@@ -9,7 +9,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 from trainwise.plan.plan import Plan
-from trainwise.step.optimizers import optimizer_recipe, parameter_groups
+from trainwise.techniques.optimizers import optimizer_recipe, parameter_groups
 
 
 def replicate_model(model: nn.Module, group, device: torch.device) -> DistributedDataParallel:

@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from trainwise.plan.fsdp_settings import FsdpSettings
-from trainwise.step.checkpointing import largest_module_list
+from trainwise.techniques.checkpointing import largest_module_list
 
 
 def shard_model(model: nn.Module, mesh: DeviceMesh, settings: FsdpSettings) -> nn.Module:

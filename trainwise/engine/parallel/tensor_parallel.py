@@ -152,7 +152,7 @@ def convert_float8_before_split(model: nn.Module, plan, tp: int) -> nn.Module:
     projections the family splits are converted first (the recipe's float8 step later
     leaves them as they are), judged on the widths one rank multiplies. Layers outside the
     family's split (replicated) stay bf16."""
-    from trainwise.step.float8 import apply_float8
+    from trainwise.techniques.float8 import apply_float8
 
     base = getattr(model, "get_base_model", lambda: model)()
     family = family_of(base.config)

@@ -1,6 +1,6 @@
 """Which fused linear cross-entropy runs: on CUDA, liger-kernel's or cut-cross-entropy's
 when one is installed (detected at run time, liger first); otherwise, and on every other
-device, the chunked PyTorch one (trainwise/step/fused_loss.py). The estimate traces fake
+device, the chunked PyTorch one (trainwise/techniques/fused_loss.py). The estimate traces fake
 CPU tensors, so it always sees the chunked one (the CUDA kernels keep the same gradients
 for backward: tokens x hidden and vocabulary x hidden)."""
 
@@ -11,7 +11,7 @@ import importlib.util
 
 import torch
 
-from trainwise.step.fused_loss import IGNORE_INDEX, head_compute_dtype, chunked_linear_cross_entropy
+from trainwise.techniques.fused_loss import IGNORE_INDEX, head_compute_dtype, chunked_linear_cross_entropy
 
 PYTORCH, LIGER, CUT = "pytorch-chunked", "liger", "cut-cross-entropy"
 

@@ -1,10 +1,10 @@
 """`--kernels liger` as the estimate traces it: a stand-in for Liger-Kernel patched into the
 model the way Liger patches it, for a model built on the meta device (a fake-tensor trace,
-where Triton cannot run). The engine on CUDA patches the real Liger (step/kernels.py).
+where Triton cannot run). The engine on CUDA patches the real Liger (techniques/kernels.py).
 
 Each autograd Function below keeps for backward exactly what Liger's keeps, with the same
 shapes and dtypes, and allocates what Liger's kernels allocate (its kernels are the custom
-ops of step/liger_stand_in_ops.py):
+ops of techniques/liger_stand_in_ops.py):
 
 * RMSNorm: keeps its input, its weight and one float32 reciprocal RMS per row (the unfused
   Hugging Face norm also keeps its float32 normalized rows, hidden-size wide); backward
@@ -15,7 +15,7 @@ ops of step/liger_stand_in_ops.py):
 * rotary embedding: rotates the query and key projections' outputs in place and keeps
   only cos and sin (shared by every layer).
 * fused linear cross-entropy (`--loss fused` on a causal LM): trainwise's chunked one
-  (step/fused_loss.py). It keeps what Liger's keeps, the hidden states' gradient (tokens x
+  (techniques/fused_loss.py). It keeps what Liger's keeps, the hidden states' gradient (tokens x
   hidden, their dtype) and the head weight's (vocabulary x hidden, its dtype); its per-chunk
   temporaries differ (docs/estimate.md)."""
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from trainwise.step.liger_stand_in_ops import gated_activation_kernel, gated_activation_backward_kernel, \
+from trainwise.techniques.liger_stand_in_ops import gated_activation_kernel, gated_activation_backward_kernel, \
     rms_norm_backward_kernel, rms_norm_kernel, rope_kernel
 
 
@@ -174,7 +174,7 @@ def patch_liger_stand_in(model: nn.Module, family: str, arguments: dict, task: s
         norm._liger_casting = casting
         norm.forward = types.MethodType(_norm_forward, norm)
     if arguments.get("fused_linear_cross_entropy"):
-        from trainwise.step.fused_loss_model import apply_fused_loss
+        from trainwise.techniques.fused_loss_model import apply_fused_loss
 
         model = apply_fused_loss(model, task)
     return model

@@ -1,4 +1,4 @@
-"""The kernels of the Liger stand-in (trainwise/step/liger_stand_in.py), one custom op each.
+"""The kernels of the Liger stand-in (trainwise/techniques/liger_stand_in.py), one custom op each.
 
 Liger-Kernel's Triton kernels cannot run on fake tensors, so the estimate traces these in
 their place. Each op is what one Liger kernel launch is to the trace: it reads its inputs,

@@ -9,14 +9,14 @@ from torch import nn
 
 from trainwise.models.documents import attend_within_documents
 from trainwise.plan.plan import Plan
-from trainwise.step.activation_offload import enable_activation_offload
-from trainwise.step.checkpointing import enable_checkpointing, largest_module_list
-from trainwise.step.float8 import apply_float8
-from trainwise.step.kernels import apply_kernels
-from trainwise.step.fused_loss_model import apply_fused_loss
-from trainwise.step.lora import apply_lora
-from trainwise.step.moe import enable_router_aux_loss
-from trainwise.step.precision import PrecisionPolicy
+from trainwise.techniques.activation_offload import enable_activation_offload
+from trainwise.techniques.checkpointing import enable_checkpointing, largest_module_list
+from trainwise.techniques.float8 import apply_float8
+from trainwise.techniques.kernels import apply_kernels
+from trainwise.techniques.fused_loss_model import apply_fused_loss
+from trainwise.techniques.lora import apply_lora
+from trainwise.techniques.moe import enable_router_aux_loss
+from trainwise.techniques.precision import PrecisionPolicy
 
 
 def prepare_model(model: nn.Module, plan: Plan, policy: PrecisionPolicy, task: str | None = None) -> nn.Module:

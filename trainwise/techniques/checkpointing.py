@@ -1,7 +1,7 @@
 """Gradient (activation) checkpointing: keep only block inputs, recompute the rest in backward.
 
 Two knobs shape it: the policy (`full` recomputes a checkpointed block's whole forward;
-`selective` keeps its matmul and attention outputs: trainwise/step/selective_checkpoint.py)
+`selective` keeps its matmul and attention outputs: trainwise/techniques/selective_checkpoint.py)
 and `every` (checkpoint blocks 0, k, 2k, ... of each stack; the others keep their
 activations, trading memory back for speed)."""
 
@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from trainwise.common.errors import InputError
-from trainwise.step.selective_checkpoint import checkpoint_kwargs
+from trainwise.techniques.selective_checkpoint import checkpoint_kwargs
 
 
 def enable_checkpointing(model: nn.Module, policy: str = "full", every: int = 1) -> nn.Module:

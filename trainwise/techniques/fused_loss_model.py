@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from trainwise.common.errors import InputError
-from trainwise.step.fused_loss import IGNORE_INDEX
-from trainwise.step.fused_loss_backends import fused_linear_cross_entropy
+from trainwise.techniques.fused_loss import IGNORE_INDEX
+from trainwise.techniques.fused_loss_backends import fused_linear_cross_entropy
 
 # model_type -> checked in transformers 5.23: the causal LM's forward is
 # hidden = base_model(...).last_hidden_state; logits = lm_head(hidden); loss_function(logits, labels).

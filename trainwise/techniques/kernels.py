@@ -6,7 +6,7 @@ with one that computes the head and the cross-entropy in chunks without full log
 
 Triton kernels run on CUDA only, and cannot run on fake tensors: a model built on the meta
 device (for the estimate's fake-tensor trace) gets a stand-in that keeps for backward what
-Liger's kernels keep (trainwise/step/liger_stand_in.py)."""
+Liger's kernels keep (trainwise/techniques/liger_stand_in.py)."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def apply_kernels(model: nn.Module, plan, task: str | None) -> nn.Module:
     family = model.config.model_type
     arguments = liger_arguments(family, task, plan.loss)
     if any(p.is_meta for p in model.parameters()):
-        from trainwise.step.liger_stand_in import patch_liger_stand_in
+        from trainwise.techniques.liger_stand_in import patch_liger_stand_in
 
         return patch_liger_stand_in(model, family, arguments, task)
     import liger_kernel.transformers as liger
