@@ -75,7 +75,7 @@ for name in "$@"; do
       stage activation-offload-memory "${LIMIT_ACT_OFFLOAD:-240}" $py benchmarks/validate_memory.py --out "$out/activation-offload.md" --rows "$out/activation-offload-rows.json" --only "llama-1b b4 bf16( ckpt)?( act-offload)?$"
       stage activation-offload-bench "${LIMIT_ACT_OFFLOAD_BENCH:-240}" $py -m trainwise bench Llama-3.2-1B --seq-len 2048 --steps 12 --baseline none --ladder "$repo/benchmarks/activation_offload_ladder.yaml" --out "$out/activation-offload-bench"
       ;;
-    plan)  # issue 16: the planner's pick for Llama-3.2-1B at seq 2048, its top 3 run for real
+    plan)  # issue 16: the plan search's pick for Llama-3.2-1B at seq 2048, its top 3 run for real
       stage plan-verify "${LIMIT_PLAN:-420}" $py -m trainwise plan Llama-3.2-1B --device cuda --seq-len 2048 --global-batch 64 --verify 3 --json --out "$out/plans"
       ;;
     engine-speed)  # issue 17: the fastest plan vs the Trainer's hand configuration, each side at its largest batch

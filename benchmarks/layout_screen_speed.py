@@ -1,4 +1,4 @@
-"""How long the planner's layout screen takes on the issue's two large cases, from a cold
+"""How long the plan search's layout screen takes on the issue's two large cases, from a cold
 cache (the traces of each tensor-parallel degree included), and how many layouts it priced.
 
     python benchmarks/layout_screen_speed.py            # both cases
@@ -19,7 +19,7 @@ CASES = {"70b": ("Llama-3.1-70B", 64, 8, 512), "405b": ("Llama-3.1-405B", 1024, 
 
 
 def seconds_or_nothing(result):
-    from trainwise.planner.traced_unit import time_model_seconds
+    from trainwise.search.traced_unit import time_model_seconds
 
     if getattr(result, "time", None) is None:
         return 0.0, 0.0, 0.0
@@ -31,8 +31,8 @@ def run(case: str) -> None:
     from trainwise.hardware.profile import catalog_profile
     from trainwise.models import resolve_model
     from trainwise.plan.plan import Plan
-    from trainwise.planner.layout_enumeration import LayoutSpace
-    from trainwise.planner.layout_screen import screen_layouts
+    from trainwise.search.layout_enumeration import LayoutSpace
+    from trainwise.search.layout_screen import screen_layouts
 
     model, gpus, per_node, global_batch = CASES[case]
     start = time.perf_counter()

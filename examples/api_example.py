@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from trainwise.api import estimate, train
-from trainwise.api.plan import plan_search
+from trainwise.api.search import plan_search
 from trainwise.common.units import human_bytes
 from trainwise.engine.run_config import RunConfig
 from trainwise.plan import Plan

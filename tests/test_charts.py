@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from test_planner_search import formula
+from test_search import formula
 from trainwise.api import estimate
-from trainwise.api import plan as plan_api
+from trainwise.api import search as search_api
 from trainwise.cli.chart_file import PNG_SIGNATURE
 from trainwise.cli.estimate_chart import CACHE, CONTEXT, UNSPLIT, anatomy_chart
 from trainwise.cli.main import main
@@ -70,13 +70,13 @@ def test_estimate_chart_writes_a_png_and_never_replaces_a_file_it_did_not_draw(t
 
 @pytest.fixture
 def formula_search(monkeypatch):
-    """The search judges plans by formulas (tests/test_planner_search.py), not traces."""
-    monkeypatch.setattr(plan_api, "estimate_evaluator", lambda spec, profile=None: formula)
+    """The search judges plans by formulas (tests/test_search.py), not traces."""
+    monkeypatch.setattr(search_api, "estimate_evaluator", lambda spec, profile=None: formula)
 
 
 def test_the_plan_chart_draws_every_screened_plan_the_pick_and_the_alternatives_at_their_predictions(
         formula_search):
-    report = plan_api.plan_search("tiny-llama", Plan(device="H100", seq_len=64), global_batch=16)
+    report = search_api.plan_search("tiny-llama", Plan(device="H100", seq_len=64), global_batch=16)
     chart = plan_chart(report)
     result = report.result
     assert [(p.memory_bytes, p.speed) for p in chart.screened] == [(c.memory_bytes, c.tokens_per_s)

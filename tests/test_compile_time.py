@@ -18,10 +18,10 @@ from trainwise.hardware import resolve_device
 from trainwise.hardware.profile import DeviceProfile, Rate
 from trainwise.models import resolve_model
 from trainwise.plan.plan import Plan
-from trainwise.planner.compose import Measure
-from trainwise.planner.refine import refine
-from trainwise.planner.search import search
-from trainwise.planner.space import build_space, parse_allow
+from trainwise.search.compose import Measure
+from trainwise.search.refine import refine
+from trainwise.search.screen_and_confirm import search
+from trainwise.search.space import build_space, parse_allow
 from trainwise.trace.depth import with_blocks
 from trainwise.trace.fusion import FusionGrouper
 
@@ -123,15 +123,15 @@ def test_a_compile_twin_priced_from_the_eager_trace_is_the_fresh_estimate(blocks
 
 
 def test_the_search_traces_no_step_twice_for_compile(monkeypatch):
-    import trainwise.api.plan as plan_api
+    import trainwise.api.search as search_api
     import trainwise.estimate.predict as predict
 
     traced, estimated = [], []
-    trace, estimate_ = predict.trace_training_step, plan_api.estimate
+    trace, estimate_ = predict.trace_training_step, search_api.estimate
     monkeypatch.setattr(predict, "trace_training_step",
                         lambda model, batch_fn, plan, *a, **k: traced.append(plan) or trace(model, batch_fn, plan, *a, **k))
-    monkeypatch.setattr(plan_api, "estimate", lambda spec, plan, **k: estimated.append(plan) or estimate_(spec, plan, **k))
-    report = plan_api.plan_search("tiny-llama", Plan(device="H100", seq_len=64), {"device", "seq_len"}, global_batch=8)
+    monkeypatch.setattr(search_api, "estimate", lambda spec, plan, **k: estimated.append(plan) or estimate_(spec, plan, **k))
+    report = search_api.plan_search("tiny-llama", Plan(device="H100", seq_len=64), {"device", "seq_len"}, global_batch=8)
     compiled = [p for p in estimated if p.compile]
     twins_before = [p for p in compiled if p.replace(compile=False) in estimated[:estimated.index(p)]]
     assert twins_before, "the compile refinement asks for twins of plans it has estimated"
@@ -153,7 +153,7 @@ def _space(allow: str = ""):
 
 
 def test_the_search_tries_compile_and_float8_only_when_allowed(monkeypatch):
-    from trainwise.planner import refine as refine_module
+    from trainwise.search import refine as refine_module
 
     monkeypatch.setattr(refine_module, "installed", lambda package: True)  # torchao, which float8 is traced with
     h100 = resolve_device("H100")

@@ -40,7 +40,7 @@ def test_catalog_profile_scales_vendor_peaks():
 
 @pytest.mark.parametrize("gpu", catalog(), ids=lambda gpu: gpu.name)
 def test_every_catalog_gpu_has_a_host_device_copy_rate_from_its_pcie_generation(gpu):
-    # Without one, activation and CPU offload cost nothing in the planner's eyes on that GPU.
+    # Without one, activation and CPU offload cost nothing in the search's eyes on that GPU.
     profile = catalog_profile(resolve_device(gpu.name))
     per_direction = {3: 16e9, 4: 32e9, 5: 64e9}[gpu.pcie_gen]
     assert profile.host_to_device.per_s == pytest.approx(per_direction * PCIE_EFFICIENCY)

@@ -9,8 +9,8 @@ import shlex
 import yaml
 
 from trainwise.plan import Plan
-from trainwise.planner.emit import emit
-from trainwise.planner.launch import train_flags
+from trainwise.emit.targets import emit
+from trainwise.emit.train_line import train_flags
 
 PLAN = Plan(batch_size=8, grad_accum=4, seq_len=2048, precision="bf16", optim="adamw-fused", grad_ckpt=True,
             attention="sdpa", device="H100")

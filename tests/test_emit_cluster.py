@@ -16,8 +16,8 @@ import yaml
 
 from trainwise.common.errors import InputError
 from trainwise.plan import Plan
-from trainwise.planner.emit import emit
-from trainwise.planner.launch import Launch, train_flags
+from trainwise.emit.targets import emit
+from trainwise.emit.train_line import Launch, train_flags
 
 # The 70B plan of docs/results/plan-search-cpu.md: 32 sharded replicas x 2 pipeline stages,
 # micro-batch 16 in 8 pipeline chunks, accumulation 1: a global batch of 512 samples.

@@ -1,4 +1,4 @@
-"""What the planner emits runs. The sbatch script of `plan --emit slurm`: under a stand-in
+"""What `plan --emit` writes runs. The sbatch script of `plan --emit slurm`: under a stand-in
 `srun` (one copy of its command per node, all on this host, SLURM_NODEID set) and a
 stand-in `scontrol` (every host is localhost), two "nodes" of one process each meet through
 torchrun's c10d rendezvous and train a tiny model for two steps into the script's output
@@ -18,8 +18,8 @@ import pytest
 
 from tests.distributed_launch import REPO, free_port
 from trainwise.plan import Plan
-from trainwise.planner.emit import emit
-from trainwise.planner.launch import Launch, train_flags
+from trainwise.emit.targets import emit
+from trainwise.emit.train_line import Launch, train_flags
 
 STAND_IN_SRUN = """#!/bin/bash
 # srun for a test: its options are skipped; the command runs once per node, here.

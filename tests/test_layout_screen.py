@@ -1,5 +1,5 @@
 """The planner's layout screen: its memory against the exact per-rank estimate, its
-enumeration, and that its ranking follows the links (trainwise/planner/layout_screen.py)."""
+enumeration, and that its ranking follows the links (trainwise/search/layout_screen.py)."""
 
 import pytest
 
@@ -11,10 +11,10 @@ from trainwise.estimate.collective_time import Topology
 from trainwise.models import resolve_model
 from trainwise.plan.layout import resolve_layout
 from trainwise.plan.plan import Plan
-from trainwise.planner.layout_enumeration import LayoutSpace, layout_plans
-from trainwise.planner.layout_screen import screen_candidate, traced_precision
-from trainwise.planner.screen_memory import rank_device_total, rank_params, screen_ranks, state_bytes
-from trainwise.planner.traced_unit import ComputePhase, Linear, TracedUnit, traced_unit
+from trainwise.search.layout_enumeration import LayoutSpace, layout_plans
+from trainwise.search.layout_screen import screen_candidate, traced_precision
+from trainwise.search.screen_memory import rank_device_total, rank_params, screen_ranks, state_bytes
+from trainwise.search.traced_unit import ComputePhase, Linear, TracedUnit, traced_unit
 
 BASE = Plan(device="cpu", seq_len=32, batch_size=2)
 

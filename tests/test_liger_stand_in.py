@@ -168,7 +168,7 @@ def test_estimate_still_refuses_liger_where_it_cannot_run(model, device, extra, 
 
 
 def test_the_plan_search_tries_liger_on_a_cuda_target_and_keeps_it_when_predicted_faster():
-    from trainwise.api.plan import plan_search
+    from trainwise.api.search import plan_search
 
     fixed = {"device", "precision", "optim", "attention", "grad_ckpt", "batch_size", "seq_len", "lora_rank"}
     base = Plan(device="H100", precision="bf16", optim="adamw", attention="sdpa", grad_ckpt=False,
@@ -187,7 +187,7 @@ def test_the_plan_search_tries_liger_on_a_cuda_target_and_keeps_it_when_predicte
                                                                ("cuda", "detected", True, True)])
 def test_liger_is_searched_where_it_can_run(kind, source, installed, searched, monkeypatch):
     from trainwise.hardware import Device
-    from trainwise.planner import refine
+    from trainwise.search import refine
 
     monkeypatch.setattr(refine, "installed", lambda package: installed and package == "liger_kernel")
     assert refine.liger_can_run(Device(kind=kind, name="test", source=source)) is searched

@@ -8,18 +8,18 @@ import json
 
 import pytest
 
-from test_planner_search import GIB, formula
-from trainwise.api import plan as plan_api
+from test_search import GIB, formula
+from trainwise.api import search as search_api
 from trainwise.cli.main import main
 from trainwise.cli.train_auto import AutoRequest, pinned_argv, train_stepping_down
 from trainwise.common.errors import OutOfMemory
 from trainwise.plan import Plan
-from trainwise.planner.compose import Measure
+from trainwise.search.compose import Measure
 
 
 def _use(monkeypatch, evaluate):
     """The CLI's search judges plans with `evaluate` instead of the estimator."""
-    monkeypatch.setattr(plan_api, "estimate_evaluator", lambda spec, profile=None: evaluate)
+    monkeypatch.setattr(search_api, "estimate_evaluator", lambda spec, profile=None: evaluate)
 
 
 def _never(plan):

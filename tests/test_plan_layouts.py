@@ -1,6 +1,6 @@
 """`trainwise plan --gpus N`: the layout screen's candidates, filtered by capacity and
 confirmed by the exact per-rank estimate, with the layout flags given held fixed
-(trainwise/api/plan_layouts.py, trainwise/planner/why_lost_layout.py)."""
+(trainwise/api/search_layouts.py, trainwise/search/why_lost_layout.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from trainwise.api.plan import plan_search
+from trainwise.api.search import plan_search
 from trainwise.cli.main import main
 from trainwise.plan.layout import resolve_layout
 from trainwise.plan.plan import Plan

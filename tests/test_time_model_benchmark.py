@@ -42,7 +42,7 @@ def test_the_verdict_needs_twelve_plans_a_low_mape_and_a_high_rank_correlation()
     assert not time_model.verdict(time_model.summarize(close[:11]))[0]
     far = [_row(i, "held out", 1.0 * (i + 1), 1.3 * (i + 1)) for i in range(12)]
     assert not time_model.verdict(time_model.summarize(far))[0]
-    # Within 10 % everywhere, but in the wrong order: the ranking is what a planner needs.
+    # Within 10 % everywhere, but in the wrong order: the ranking is what the plan search needs.
     shuffled = [_row(i, "held out", 1.0 + 0.01 * i, 1.0 + 0.01 * ((i * 5) % 12)) for i in range(12)]
     summary = time_model.summarize(shuffled)
     assert summary["all"]["mape_pct"] < 15 and not time_model.verdict(summary)[0]

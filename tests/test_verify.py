@@ -18,10 +18,10 @@ from trainwise.hardware.catalog import find_gpu
 from trainwise.hardware.device import catalog_device, cpu_device
 from trainwise.hardware.profile import DeviceProfile, Rate, catalog_profile, profile_for, read_profile, write_profile
 from trainwise.plan import Plan
-from trainwise.planner import verify
-from trainwise.planner.candidate import Candidate
-from trainwise.planner.corrections import CORRECTIONS_OVER_CATALOG, apply_corrections, record_corrections
-from trainwise.planner.verify import VerifiedCandidate, VerifyReport, verify_candidates
+from trainwise.search import verify
+from trainwise.search.candidate import Candidate
+from trainwise.search.corrections import CORRECTIONS_OVER_CATALOG, apply_corrections, record_corrections
+from trainwise.search.verify import VerifiedCandidate, VerifyReport, verify_candidates
 
 MODEL = "tiny-llama"
 SEQ = 32

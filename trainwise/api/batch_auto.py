@@ -7,13 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainwise.api.estimate import estimate
-from trainwise.api.plan import capacity_of
+from trainwise.api.search import capacity_of
 from trainwise.common.errors import InputError
 from trainwise.common.units import human_bytes
 from trainwise.hardware import resolve_device
 from trainwise.models import ModelSpec
-from trainwise.planner.search import DEFAULT_MARGIN, data_parallel_of
-from trainwise.planner.space import batch_options
+from trainwise.search.screen_and_confirm import DEFAULT_MARGIN, data_parallel_of
+from trainwise.search.space import batch_options
 from trainwise.plan.plan import Plan
 
 

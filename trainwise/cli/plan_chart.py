@@ -38,7 +38,7 @@ class PlanChart:
 
 
 def plan_chart(report) -> PlanChart:
-    """The search's numbers as points (a PlanReport of trainwise.api.plan)."""
+    """The search's numbers as points (a PlanReport of trainwise.api.search)."""
     result = report.result
     usable = result.usable_bytes
 

@@ -58,7 +58,7 @@ def _add_run_arguments(group) -> None:
 
 def launch_from_args(args):
     """The Launch of `plan`'s arguments: what the train lines carry besides the plan."""
-    from trainwise.planner.launch import Launch
+    from trainwise.emit.train_line import Launch
 
     return Launch(model=args.model, gpus_per_node=number_option(args, "gpus_per_node"), task=args.task,
                   trust_remote_code=args.trust_remote_code, data=args.data, tokenizer=args.tokenizer,
@@ -75,11 +75,11 @@ def run(args) -> int:
 
     from rich.console import Console
 
-    from trainwise.api.plan import plan_search
+    from trainwise.api.search import plan_search
     from trainwise.cli.output import print_json
     from trainwise.cli.progress_bar import progress_bar
     from trainwise.cli.render_plan import plan_json, render_plan, write_outputs
-    from trainwise.planner.space import parse_allow
+    from trainwise.search.space import parse_allow
 
     # The estimate runs transformers' checkpointing switch dozens of times; its deprecation
     # notice would drown the table.
@@ -95,12 +95,12 @@ def run(args) -> int:
     plan = plan_from_args(args)
     launch = launch_from_args(args)  # a bad value is refused before the search
     if args.emit == "torchtitan":
-        from trainwise.planner.emit_torchtitan import flavor_of
+        from trainwise.emit.torchtitan import flavor_of
 
         flavor_of(args.model)  # a model torchtitan has no flavor of is refused before the search
     if verify:
         from trainwise.hardware import resolve_device
-        from trainwise.planner.verify import check_device_present
+        from trainwise.search.verify import check_device_present
 
         check_device_present(resolve_device(plan.device))
         search_args["top"] = max(search_args["top"], verify)
@@ -132,7 +132,7 @@ def _verify(args, report) -> dict:
     from pathlib import Path
 
     from trainwise.cli.verify_args import run_verify_from_args
-    from trainwise.planner.verify import report_to_json
+    from trainwise.search.verify import report_to_json
 
     profile = Path(args.profile) if args.profile else None
     verified = run_verify_from_args(args, args.model, list(report.result.ranked), report.device, profile)
@@ -142,7 +142,7 @@ def _verify(args, report) -> dict:
 def _emit(report, args, launch):
     """(text, knobs it cannot express) of the best plan for --emit, written to --emit-out."""
     from trainwise.common.atomic import atomic_write_text
-    from trainwise.planner.emit import emit
+    from trainwise.emit.targets import emit
 
     if args.emit is None:
         return None

@@ -10,7 +10,7 @@ import yaml
 
 from trainwise.common.atomic import atomic_write_text
 from trainwise.common.units import human_bytes
-from trainwise.planner.launch import Launch, train_flags
+from trainwise.emit.train_line import Launch, train_flags
 
 
 def write_outputs(report, out_dir: str | None) -> list[str | None]:

@@ -64,9 +64,9 @@ def resolve_auto(request: AutoRequest, plan: Plan, model: str, device_name: str,
 
 
 def _searched(request: AutoRequest, plan: Plan, model: str, device_name: str, task, trust_remote_code) -> Plan:
-    from trainwise.api.plan import AUTO_SAMPLES_PER_GPU, auto_global_batch, plan_search
+    from trainwise.api.search import AUTO_SAMPLES_PER_GPU, auto_global_batch, plan_search
     from trainwise.cli.progress_bar import progress_bar
-    from trainwise.planner.launch import train_flags
+    from trainwise.emit.train_line import train_flags
 
     global_batch = request.global_batch
     if global_batch is None and not {"batch_size", "grad_accum"} <= request.fixed:

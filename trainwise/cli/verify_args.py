@@ -48,7 +48,7 @@ def run_verify_from_args(args, model: str, candidates: list, device, profile_pat
 
     from trainwise.cli.render_verify import render_verify
     from trainwise.cli.progress_bar import progress_bar
-    from trainwise.planner.verify import verify_candidates
+    from trainwise.search.verify import verify_candidates
 
     count = verify_count(args)
     if count == 0:

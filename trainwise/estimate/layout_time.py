@@ -7,7 +7,7 @@ schedule, point-to-point sends, and offload transfers with the host's optimizer 
          + exposed communication + offload transfers
 
 The rank's compute comes in as a RankWork (rank_work.py), from the one-device time model
-of the rank's traced workload or from the planner's screen; the collectives are
+of the rank's traced workload or from the plan search's screen; the collectives are
 layout_collectives.py's and fsdp_time.py's, each priced by collective_time.py on the link
 its group uses. docs/plan.md lists the formulas, the overlap assumptions and what is
 ignored."""

@@ -5,7 +5,7 @@ compiled regions' element-wise chains as fused kernels, trainwise/trace/fusion.p
 which ops run or what they allocate (a compiled plan's memory figures are the eager
 step's). A one-device estimate given a `SharedTraces` therefore prices its trace both ways
 and keeps it, and an estimate of the twin takes it instead of tracing again: the search's
-compile refinement (trainwise/planner/refine.py) asks for the compiled twins of plans it has
+compile refinement (trainwise/search/refine.py) asks for the compiled twins of plans it has
 just estimated exactly. The twin's estimate is the one a fresh trace would give
 (tests/test_compile_time.py)."""
 
@@ -20,7 +20,7 @@ from trainwise.plan.plan import Plan
 
 Step = TypeVar("Step")
 # Steps kept, the least recently used dropped first: the refinement asks for a twin within a
-# few estimates of its plan's (planner/refine.py: the effect estimates and the confirmation
+# few estimates of its plan's (search/refine.py: the effect estimates and the confirmation
 # of the refinement before it), and each step is a few small traces (2-3 blocks).
 KEPT_STEPS = 8
 

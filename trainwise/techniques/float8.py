@@ -4,7 +4,7 @@ per-tensor scale and multiplies them on the float8 tensor cores (torch._scaled_m
 
 What runs is torchao's; trainwise decides which layers take part and refuses what cannot
 run. It changes the training math (float8 rounding of every converted matmul), so the
-planner tries it only when the user allows it."""
+plan search tries it only when the user allows it."""
 
 from __future__ import annotations
 

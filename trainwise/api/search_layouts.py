@@ -1,6 +1,6 @@
 """The layouts of several GPUs for `trainwise plan --gpus N`: the layout screen
-(planner/layout_screen.py) run over the knobs the user did not fix, with checkpointing
-off and on; the search (planner/search.py) then filters by capacity and confirms the best
+(search/layout_screen.py) run over the knobs the user did not fix, with checkpointing
+off and on; the search (search/screen_and_confirm.py) then filters by capacity and confirms the best
 with the exact per-rank estimate."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from trainwise.hardware import Device
 from trainwise.hardware.profile import DeviceProfile, profile_for
 from trainwise.models import ModelSpec
 from trainwise.plan.plan import Plan
-from trainwise.planner.candidate import Candidate
-from trainwise.planner.layout_enumeration import LayoutSpace
-from trainwise.planner.layout_screen import screen_layouts
-from trainwise.planner.space import Space
+from trainwise.search.candidate import Candidate
+from trainwise.search.layout_enumeration import LayoutSpace
+from trainwise.search.layout_screen import screen_layouts
+from trainwise.search.space import Space
 
 LAYOUT_SCREENING = "screening layouts (checkpointing off, then on)"
 # The flags a layout plan is made of: any the user gave is held in every layout screened.

@@ -1,6 +1,6 @@
 """Composing a plan's prediction from two traced micro-batch sizes, instead of tracing it.
 
-Assumptions (checked against exact estimates in tests/test_planner_search.py):
+Assumptions (checked against exact estimates in tests/test_search.py):
 - device memory and the per-micro-batch step time are linear in the micro-batch (activations,
   temporaries and the work on them scale with the rows; weights, gradients and optimizer
   state do not), so two traced sizes give the line;

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from trainwise.common.errors import InputError
 from trainwise.plan.partition import pipeline_microbatches
 from trainwise.plan.plan import Plan
-from trainwise.planner.launch import world_size
+from trainwise.emit.train_line import world_size
 
 
 @dataclass(frozen=True)

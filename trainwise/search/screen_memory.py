@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from trainwise.plan.fsdp_settings import FsdpSettings
 from trainwise.plan.layout import Layout
 from trainwise.plan.partition import balanced_bounds, rank_stages, stage_chunks_in_flight, stages_per_rank
-from trainwise.planner.traced_unit import TracedUnit
+from trainwise.search.traced_unit import TracedUnit
 
 
 @dataclass(frozen=True)

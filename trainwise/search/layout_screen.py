@@ -20,10 +20,10 @@ from trainwise.models import ModelSpec
 from trainwise.plan.fsdp_settings import FsdpSettings
 from trainwise.plan.layout import Layout, resolve_layout
 from trainwise.plan.plan import Plan
-from trainwise.planner.candidate import Candidate
-from trainwise.planner.layout_enumeration import LayoutSpace, layout_plans
-from trainwise.planner.screen_memory import ScreenRank, figure_at, rank_device_total, rank_params, screen_ranks
-from trainwise.planner.traced_unit import Seconds, TracedUnit, time_model_seconds, traced_unit
+from trainwise.search.candidate import Candidate
+from trainwise.search.layout_enumeration import LayoutSpace, layout_plans
+from trainwise.search.screen_memory import ScreenRank, figure_at, rank_device_total, rank_params, screen_ranks
+from trainwise.search.traced_unit import Seconds, TracedUnit, time_model_seconds, traced_unit
 from trainwise.trace.depth import block_count
 
 # The note that names a screened plan's most exposed collective (read by why_lost_layout.py).

@@ -1,4 +1,4 @@
-"""The plan search (trainwise/planner/): what it tries, what it keeps, how it ranks.
+"""The plan search (trainwise/search/): what it tries, what it keeps, how it ranks.
 
 Most tests inject an evaluator whose memory and time are known formulas, so the search's own
 logic is checked without the estimator; one test checks the composition against exact
@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import pytest
 
-from trainwise.api.plan import estimate_evaluator
+from trainwise.api.search import estimate_evaluator
 from trainwise.hardware import resolve_device
 from trainwise.models import resolve_model
 from trainwise.plan import Plan
 from trainwise.common.errors import InputError
-from trainwise.planner import refine
-from trainwise.planner.compose import Measure, composed
-from trainwise.planner.search import candidate_of, fits, search, traced_sizes
-from trainwise.planner.space import build_space, parse_allow
-from trainwise.planner.why_lost import alternatives
+from trainwise.search import refine
+from trainwise.search.compose import Measure, composed
+from trainwise.search.screen_and_confirm import candidate_of, fits, search, traced_sizes
+from trainwise.search.space import build_space, parse_allow
+from trainwise.search.why_lost import alternatives
 
 GIB = 2 ** 30
 H100 = resolve_device("H100")
@@ -183,7 +183,7 @@ def test_the_search_reports_its_progress_from_start_to_end():
 
 
 def test_narrow_techniques_are_composed_around_the_confirmed_plans_and_kept_when_faster():
-    from trainwise.planner.refine import refine
+    from trainwise.search.refine import refine
 
     def with_fused_loss(plan):  # the fused loss frees 1.5 GiB per sample of the micro-batch, 1 % slower
         if plan.activation_offload:
@@ -217,7 +217,7 @@ def test_a_refinement_that_only_slows_plans_down_costs_no_confirmation():
     still look better than the confirmed best; each is slower than its own plan without the
     fused loss, which fits too, so none is worth an exact estimate. Where the fused loss is
     what lets a plan fit, the refined plan is confirmed (previous test)."""
-    from trainwise.planner.refine import refine
+    from trainwise.search.refine import refine
 
     def optimistic_screen(plan):
         if plan.activation_offload:
@@ -242,7 +242,7 @@ def test_a_refinement_that_only_slows_plans_down_costs_no_confirmation():
 
 def test_a_gpu_search_says_the_kernels_it_does_not_try():
     notes = " ".join(space_for().notes)
-    # Liger, compile and float8 are composed around the confirmed plans (planner/refine.py).
+    # Liger, compile and float8 are composed around the confirmed plans (search/refine.py).
     assert not any(word in notes for word in ("Liger", "compile", "float8"))
     assert refine.not_allowed(space_for(), H100) == [
         "float8 not searched: it changes the training math; add --allow float8 to try it"]
@@ -259,8 +259,8 @@ def test_an_allowed_float8_search_without_torchao_says_so(monkeypatch):
 
 def _why_not_setup(exact_step_s: float):
     from trainwise.hardware import resolve_device
-    from trainwise.planner.compose import Measure
-    from trainwise.planner.search import SearchResult, candidate_of
+    from trainwise.search.compose import Measure
+    from trainwise.search.screen_and_confirm import SearchResult, candidate_of
 
     device = resolve_device("H100")
     winner_plan = Plan(device="H100", batch_size=4, seq_len=128, optim="adamw-fused")
@@ -279,7 +279,7 @@ def _why_not_setup(exact_step_s: float):
 
 
 def test_a_why_not_line_never_says_a_faster_plan_lost():
-    from trainwise.planner.why_lost import confirmed_alternatives
+    from trainwise.search.why_lost import confirmed_alternatives
 
     result, device, evaluator, evaluated = _why_not_setup(exact_step_s=1.05)  # exact: 5 % slower
     lines = confirmed_alternatives(result, list(result.screened), ("optim",), device, evaluator)
@@ -290,7 +290,7 @@ def test_a_why_not_line_never_says_a_faster_plan_lost():
 
 
 def test_an_alternative_faster_once_estimated_exactly_becomes_the_pick():
-    from trainwise.planner.why_lost import confirmed_alternatives
+    from trainwise.search.why_lost import confirmed_alternatives
 
     result, device, evaluator, _ = _why_not_setup(exact_step_s=0.8)
     lines = confirmed_alternatives(result, list(result.screened), ("optim",), device, evaluator)

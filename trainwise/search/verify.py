@@ -5,8 +5,8 @@ Each run is a fresh process (the bench runner, trainwise/bench/runner.py): a pla
 runs out of memory or cannot run here is reported and the next one runs. A plan is run
 `repeat` times; its measured step time is the median of the runs and its spread
 (max - min) / median, in the same terms as the bench. The recommendation (the measured
-best, and whether it is distinguishable from the runner-up) is trainwise/planner/verdict.py;
-what is written back into the device profile is trainwise/planner/corrections.py."""
+best, and whether it is distinguishable from the runner-up) is trainwise/search/verdict.py;
+what is written back into the device profile is trainwise/search/corrections.py."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from trainwise.common.noise import busy_machine
 from trainwise.common.progress import Progress, silent
 from trainwise.hardware.detect import catalog_gpu_present
 from trainwise.hardware.device import Device
-from trainwise.planner.candidate import Candidate
-from trainwise.planner.corrections import record_corrections
-from trainwise.planner.verdict import decide, samples_per_step
+from trainwise.search.candidate import Candidate
+from trainwise.search.corrections import record_corrections
+from trainwise.search.verdict import decide, samples_per_step
 
 # A run that takes longer than this is reported as an error (a hung child must not hang
 # the plan command). Verify runs a few steps, so this is far above a healthy run.

@@ -27,9 +27,9 @@ from typing import Callable
 from trainwise.common.errors import InputError
 from trainwise.hardware import Device
 from trainwise.hardware.installation import installed
-from trainwise.planner.candidate import Candidate
-from trainwise.planner.search import Evaluator, SearchResult, candidate_of, confirm, fits, rank_key
-from trainwise.planner.space import Space
+from trainwise.search.candidate import Candidate
+from trainwise.search.screen_and_confirm import Evaluator, SearchResult, candidate_of, confirm, fits, rank_key
+from trainwise.search.space import Space
 from trainwise.plan.plan import Plan
 from trainwise.techniques.float8 import float8_plan_problem
 

@@ -15,9 +15,9 @@ from trainwise.common.errors import InputError
 from trainwise.engine.run_config import RunConfig
 from trainwise.plan.partition import pipeline_microbatches
 from trainwise.plan.plan import Plan
-from trainwise.planner.emit import cannot_express_comments, comments
-from trainwise.planner.emit_batch import global_batch
-from trainwise.planner.launch import Launch, local_path, node_shape
+from trainwise.emit.targets import cannot_express_comments, comments
+from trainwise.emit.batch import global_batch
+from trainwise.emit.train_line import Launch, local_path, node_shape
 
 RELEASE = "v0.2.2"
 FLAVORS = ("8B", "70B", "405B")

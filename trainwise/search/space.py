@@ -3,7 +3,7 @@
 A knob the user gave (a flag or a plan-file key) is held fixed: the space has that one value.
 Techniques that change the training math are tried only when the user allows them
 (`--allow`). Liger's kernels, compile and float8 are not knobs of the screen: they are
-composed around its confirmed plans (trainwise/planner/refine.py)."""
+composed around its confirmed plans (trainwise/search/refine.py)."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ import json
 import yaml
 
 from trainwise.plan.plan import Plan
-from trainwise.planner.emit_batch import BatchShape, batch_shape
-from trainwise.planner.launch import RDZV_PORT, Launch, node_shape, world_size
+from trainwise.emit.batch import BatchShape, batch_shape
+from trainwise.emit.train_line import RDZV_PORT, Launch, node_shape, world_size
 
 TARGETS = ("trainer", "accelerate", "deepspeed", "torchrun", "slurm", "torchtitan")
 # How the Trainer spells trainwise's optimizers (TrainingArguments.optim).
@@ -26,8 +26,8 @@ TRAINER_SCHEDULE = {"cosine": "cosine", "linear": "linear", "constant": "constan
 def emit(plan: Plan, target: str, launch: Launch | str) -> tuple[str, list[str]]:
     """(the text for `target`, the knobs of `plan` it cannot express, one phrase each).
     InputError when `target` cannot train `plan` at all (the reason in one line)."""
-    from trainwise.planner.emit_cluster import slurm_script, torchrun_script
-    from trainwise.planner.emit_torchtitan import torchtitan_config
+    from trainwise.emit.cluster import slurm_script, torchrun_script
+    from trainwise.emit.torchtitan import torchtitan_config
 
     launch = launch if isinstance(launch, Launch) else Launch(launch)
     writer = {"trainer": trainer_arguments, "accelerate": accelerate_config, "deepspeed": deepspeed_config,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 
 from trainwise.common.units import human_bytes
-from trainwise.planner.candidate import Candidate
-from trainwise.planner.search import Evaluator, SearchResult, candidate_of, fits, rank_key
+from trainwise.search.candidate import Candidate
+from trainwise.search.screen_and_confirm import Evaluator, SearchResult, candidate_of, fits, rank_key
 
 LAYOUT_KNOBS = ("dp", "fsdp", "zero", "cpu_offload", "tp", "sequence_parallel", "pp", "pp_schedule", "microbatches")
 

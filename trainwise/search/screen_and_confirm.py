@@ -1,8 +1,8 @@
 """The search: screen every plan of a Space cheaply, confirm the best few exactly, rank.
 
 An `Evaluator` (plan -> Measure) is the only way the search learns anything about a plan;
-`trainwise/api/plan.py` passes one backed by the estimator, the tests pass formulas. The
-screen traces a few combinations of the trace knobs (see `variant_points`) and composes every (micro-batch, accumulation) from them (planner/compose.py). The best fitting
+`trainwise/api/search.py` passes one backed by the estimator, the tests pass formulas. The
+screen traces a few combinations of the trace knobs (see `variant_points`) and composes every (micro-batch, accumulation) from them (search/compose.py). The best fitting
 plans are then evaluated exactly; one that misses memory removes every larger micro-batch of
 its kind from the screen, so the search steps down to the next size."""
 
@@ -15,9 +15,9 @@ from typing import Callable
 from trainwise.common.errors import InputError
 from trainwise.common.progress import Progress, silent
 from trainwise.hardware import Device
-from trainwise.planner.candidate import Candidate
-from trainwise.planner.compose import Measure, composed
-from trainwise.planner.space import TRACE_KNOBS, Space, math_changes
+from trainwise.search.candidate import Candidate
+from trainwise.search.compose import Measure, composed
+from trainwise.search.space import TRACE_KNOBS, Space, math_changes
 from trainwise.plan.layout import resolve_layout
 from trainwise.plan.plan import Plan
 

@@ -1,4 +1,4 @@
-"""`trainwise.api.plan_search`: search every plan for a model on a machine (planner/), with
+"""`trainwise.api.plan_search`: search every plan for a model on a machine (search/), with
 the estimator as the judge of each plan.
 
     report = plan_search("Llama-3.1-8B", Plan(device="H100", seq_len=2048), fixed={"seq_len", "device"},
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from trainwise.api.compatibility import check_request
 from trainwise.api.estimate import estimate
-from trainwise.api.plan_layouts import check_layout_request, layout_candidates
+from trainwise.api.search_layouts import check_layout_request, layout_candidates
 from trainwise.common.errors import InputError
 from trainwise.common.progress import Progress, silent
 from trainwise.common.units import human_bytes
@@ -26,13 +26,13 @@ from trainwise.models import ModelSpec, check_seq_len, resolve_model
 from trainwise.models.task_inputs import fit_task_sequence
 from trainwise.models.attention import attention_refusal
 from trainwise.models.quiet import quiet_transformers
-from trainwise.planner.compose import Measure
-from trainwise.planner.launch import Launch
-from trainwise.planner.refine import refine
-from trainwise.planner.search import DEFAULT_MARGIN, Evaluator, SearchResult, search, smallest
-from trainwise.planner.space import ALLOWABLE, Space, build_space
-from trainwise.planner.why_lost import confirmed_alternatives
-from trainwise.planner.why_lost_layout import layout_alternatives
+from trainwise.search.compose import Measure
+from trainwise.emit.train_line import Launch
+from trainwise.search.refine import refine
+from trainwise.search.screen_and_confirm import DEFAULT_MARGIN, Evaluator, SearchResult, search, smallest
+from trainwise.search.space import ALLOWABLE, Space, build_space
+from trainwise.search.why_lost import confirmed_alternatives
+from trainwise.search.why_lost_layout import layout_alternatives
 from trainwise.plan.plan import Plan
 
 # Knobs that change the memory a plan needs: held fixed, they can make every plan miss.
@@ -198,7 +198,7 @@ def nothing_fits(result: SearchResult, space: Space, device: Device, evaluator: 
                  model: str | Launch) -> InputError:
     """One line: the smallest plan (its train line per node when it spans nodes), what it
     needs against what is usable, what would help."""
-    from trainwise.planner.launch import train_flags
+    from trainwise.emit.train_line import train_flags
 
     least = smallest(result.screened)
     if least is None:

@@ -11,10 +11,10 @@ directly; seconds per sample are used so that any two plans compare."""
 from __future__ import annotations
 
 from trainwise.common.units import human_bytes
-from trainwise.planner.candidate import Candidate
-from trainwise.planner.layout_screen import EXPOSED_NOTE
-from trainwise.planner.search import data_parallel_of, fits
-from trainwise.planner.why_lost import best_of
+from trainwise.search.candidate import Candidate
+from trainwise.search.layout_screen import EXPOSED_NOTE
+from trainwise.search.screen_and_confirm import data_parallel_of, fits
+from trainwise.search.why_lost import best_of
 from trainwise.plan.layout import resolve_layout
 
 # The parts the layout adds; the others are the rank's compute (the screen does not split it).

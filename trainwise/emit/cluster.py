@@ -9,8 +9,8 @@ import dataclasses
 import shlex
 
 from trainwise.plan.plan import Plan
-from trainwise.planner.emit import cannot_express_comments, comments
-from trainwise.planner.launch import RDZV_PORT, Launch, Raw, node_shape, plan_words, run_words, shell_join
+from trainwise.emit.targets import cannot_express_comments, comments
+from trainwise.emit.train_line import RDZV_PORT, Launch, Raw, node_shape, plan_words, run_words, shell_join
 
 # Restarts the Slurm script gives torchrun when `plan` was not told --max-restarts: a failed
 # process (a lost node, a NCCL timeout) restarts the job from its newest checkpoint.
