@@ -96,7 +96,7 @@ def test_out_names_the_file_and_json_reports_it(tmp_path, capsys):
 @pytest.mark.parametrize("case", ["a directory", "under a file", "a catalog GPU", "no processes"])
 def test_bad_input_is_exit_2_naming_the_flag_before_anything_is_measured(case, tmp_path, monkeypatch, capsys,
                                                                         fault_log):
-    import trainwise.bench.calibrate_compute as compute
+    import trainwise.calibration.compute as compute
 
     measured = []
     monkeypatch.setattr(compute, "measure_matmul", lambda *a, **k: measured.append(a))

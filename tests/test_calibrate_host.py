@@ -1,5 +1,5 @@
 """The CPU's host time per op and arithmetic factor from two reference training steps
-(trainwise/bench/calibrate_host.py): step = factor x arithmetic + host x ops."""
+(trainwise/calibration/host_time.py): step = factor x arithmetic + host x ops."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from trainwise.bench.calibrate_host import host_and_factor
-from trainwise.bench.calibrate_timing import synchronizer
+from trainwise.calibration.host_time import host_and_factor
+from trainwise.calibration.timing import synchronizer
 
 
 def test_two_reference_steps_give_the_host_time_per_op_and_the_factor():
@@ -58,7 +58,7 @@ def test_a_slope_that_leaves_the_host_less_than_a_bare_dispatch_is_noise_the_hos
 def test_the_contraction_factor_times_exactly_the_steps_matmul_and_attention_ops():
     """Each matmul and attention op of the reference step, timed in the step and replayed
     hot; the factor is their ratio, never below 1 (a step does not beat hot operands)."""
-    from trainwise.bench.calibrate_replay import contraction_factor
+    from trainwise.calibration.replay import contraction_factor
     from trainwise.estimate.predict import _trace
     from trainwise.hardware import resolve_device
     from trainwise.models import resolve_model
@@ -77,7 +77,7 @@ def test_the_optimizer_rate_is_on_the_bytes_the_trace_counts_for_an_adamw_step()
     """AdamW's foreach ops read and write far more than the 28 bytes per parameter its
     state needs; the optimizer rate is on the bytes the trace counts, so it prices a
     traced optimizer phase."""
-    from trainwise.bench.calibrate_memory import traced_work
+    from trainwise.calibration.memory import traced_work
 
     params = [torch.nn.Parameter(torch.rand(1000)) for _ in range(4)]
     for p in params:
@@ -93,7 +93,7 @@ def test_the_reference_step_reads_nothing_back_as_trainwise_loop_between_log_ste
     # read points: the loss and the gradient norm stay tensors (no .item() in trainwise).
     from test_lazy_step_reads import TrainwiseScalarReads
 
-    from trainwise.bench.calibrate_host import reference_step
+    from trainwise.calibration.host_time import reference_step
     from trainwise.plan.plan import Plan
 
     one_step = reference_step(torch.device("cpu"), Plan(batch_size=1, seq_len=8, device="cpu"))

@@ -1,6 +1,6 @@
 """`trainwise.api.calibrate`: measure the present device and write its DeviceProfile.
 
-What is measured (trainwise/bench/calibrate_*.py), each fitted to a Rate
+What is measured (trainwise/calibration/), each fitted to a Rate
 (`fixed_s + size / per_s`): matmul throughput per dtype the device runs, attention
 (SDPA forward and backward), element-wise memory bandwidth, the eager per-op host cost,
 the AdamW step (kept in `measured`: the time model prices it with the memory rate), on a
@@ -77,7 +77,7 @@ def calibrate(device: str = "cpu", out: str | Path | None = None, nproc: int = 1
     """Measure `device` (cpu, cuda, cuda:K), write its profile to `out` or the cache."""
     import torch
 
-    from trainwise.bench.calibrate_timing import FULL, QUICK
+    from trainwise.calibration.timing import FULL, QUICK
 
     target, path = check_calibrate_request(device, out, nproc)
     torch_device = torch.device("cpu" if target.kind == "cpu" else f"cuda:{target.index or 0}")
@@ -87,7 +87,7 @@ def calibrate(device: str = "cpu", out: str | Path | None = None, nproc: int = 1
     settings = QUICK if quick else FULL
     rates, spreads, measured = _measure_one_device(torch_device, settings)
     if nproc > 1:
-        from trainwise.bench.calibrate_collectives import measure_collectives
+        from trainwise.calibration.collectives import measure_collectives
 
         found = measure_collectives(nproc, torch_device.type, quick)
         rates["collectives"] = {name: Rate.from_json(rate) for name, rate in found["rates"].items()}
@@ -110,8 +110,8 @@ def calibrate(device: str = "cpu", out: str | Path | None = None, nproc: int = 1
 def _measure_one_device(device, settings) -> tuple[dict, dict, dict]:
     """(rates for the profile's fields, spread per measurement, extra measured facts: the
     (size, median seconds) points each rate was fitted to, the optimizer step)."""
-    from trainwise.bench import calibrate_compute as compute
-    from trainwise.bench import calibrate_memory as memory
+    from trainwise.calibration import compute
+    from trainwise.calibration import memory
 
     rates: dict = {"matmul": {}, "attention": {}}
     spreads: dict[str, float] = {}
@@ -142,9 +142,9 @@ def _measure_one_device(device, settings) -> tuple[dict, dict, dict]:
 
 def _with_training_host(profile: DeviceProfile, device, settings, spreads: dict) -> DeviceProfile:
     """The CPU's host time per op and arithmetic factor as a training step pays them
-    (trainwise/bench/calibrate_host.py); the bare dispatch of a tiny op stays in
+    (trainwise/calibration/host_time.py); the bare dispatch of a tiny op stays in
     `measured.host_dispatch_s_per_op`."""
-    from trainwise.bench.calibrate_host import measure_training_host
+    from trainwise.calibration.host_time import measure_training_host
 
     fitted, found = measure_training_host(device, profile, settings)
     spreads["training step"] = max(point["spread"] for point in (*found["steps"], found["recomputed"]))

@@ -13,10 +13,10 @@ arithmetic the time model prices at the rates measured in isolation, and the ops
 traced step dispatches (views at a quarter), the two steps give the two unknowns:
 `step = fixed + factor x other arithmetic + host x ops`, where `fixed` is the work
 measured by other means: matmuls and attention at their isolated rates times the
-contraction factor (calibrate_replay.py: each of a step's matmul and attention ops timed
+contraction factor (replay.py: each of a step's matmul and attention ops timed
 in the step and replayed at once, hot; 1.2-1.6x on a 2-core EPYC, the same for
 tiny-llama and 4-layer models 3-4x wider, while element-wise work ran 5-10x its replay),
-and the optimizer phase at the rate of a real AdamW step (calibrate_memory.py). One
+and the optimizer phase at the rate of a real AdamW step (memory.py). One
 factor over all of it, as before, gave attention the element-wise work's slowdown (2.5x
 where a step runs it 1.2-1.7x) and the optimizer the memory rate's (it runs 4-5x slower):
 over-predicting attention-heavy plans, under-predicting optimizer- and matmul-heavy ones.
@@ -35,7 +35,7 @@ import statistics
 
 import torch
 
-from trainwise.bench.calibrate_timing import Settings, clock_of, synchronizer
+from trainwise.calibration.timing import Settings, clock_of, synchronizer
 from trainwise.hardware.profile import DeviceProfile, Rate
 
 REFERENCE_MODEL = "tiny-llama"
@@ -53,7 +53,7 @@ def measure_training_host(device: torch.device, measured: DeviceProfile, setting
     from trainwise.hardware.resolve import resolve_device
     from trainwise.plan.plan import Plan
 
-    from trainwise.bench.calibrate_replay import contraction_factor
+    from trainwise.calibration.replay import contraction_factor
 
     contraction, replayed = contraction_factor(device, Plan(batch_size=COMPUTE_BOUND[0], seq_len=COMPUTE_BOUND[1],
                                                             device="cpu"))

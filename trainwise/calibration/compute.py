@@ -13,7 +13,7 @@ import contextlib
 import torch
 from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
-from trainwise.bench.calibrate_timing import Fit, Settings, fit, measure_sizes, synchronizer
+from trainwise.calibration.timing import Fit, Settings, fit, measure_sizes, synchronizer
 
 TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

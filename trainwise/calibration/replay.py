@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from trainwise.bench.calibrate_timing import clock_of, synchronizer
+from trainwise.calibration.timing import clock_of, synchronizer
 from trainwise.trace.op_costs import classify
 
 CONTRACTION_CLASSES = ("matmul", "attention")
@@ -51,7 +51,7 @@ def contraction_factor(device: torch.device, plan) -> tuple[float, dict]:
     """(in-step seconds / hot-replay seconds of the reference step's matmul and attention
     ops under `plan`, held at >= 1; what was measured). CPU only: on a GPU the clock would
     need a synchronisation around every op."""
-    from trainwise.bench.calibrate_host import reference_step
+    from trainwise.calibration.host_time import reference_step
 
     one_step = reference_step(device, plan)
     for _ in range(3):

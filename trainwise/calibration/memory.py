@@ -10,7 +10,7 @@ import dataclasses
 
 import torch
 
-from trainwise.bench.calibrate_timing import Fit, Settings, fit, measure_sizes, synchronizer, time_call
+from trainwise.calibration.timing import Fit, Settings, fit, measure_sizes, synchronizer, time_call
 from trainwise.hardware.profile import Rate
 
 FP32_BYTES = 4

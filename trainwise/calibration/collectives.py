@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainwise.bench.calibrate_timing import FULL, QUICK, Settings, fit_rate
+from trainwise.calibration.timing import FULL, QUICK, Settings, fit_rate
 from trainwise.hardware.profile import COLLECTIVES
 
 CONVENTION = "bytes each rank sends under a ring algorithm (all-reduce 2(N-1)/N x size, " \
@@ -34,7 +34,7 @@ def measure_collectives(nproc: int, device_type: str, quick: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="trainwise-collectives-") as scratch:
         out = Path(scratch) / "collectives.json"
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-                   "--nproc-per-node", str(nproc), "-m", "trainwise.bench.calibrate_collectives",
+                   "--nproc-per-node", str(nproc), "-m", "trainwise.calibration.collectives",
                    "--out", str(out), "--device-type", device_type] + (["--quick"] if quick else [])
         # One thread per worker, as the training launcher does: the workers share the cores.
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS",
@@ -108,7 +108,7 @@ def _measure(device_type: str, settings: Settings) -> dict:
     import torch
     import torch.distributed as dist
 
-    from trainwise.bench.calibrate_timing import synchronizer
+    from trainwise.calibration.timing import synchronizer
 
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}") if device_type == "cuda" else torch.device("cpu")
