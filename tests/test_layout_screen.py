@@ -1,4 +1,4 @@
-"""The planner's layout screen: its memory against the exact per-rank estimate, its
+"""The plan search's layout screen: its memory against the exact per-rank estimate, its
 enumeration, and that its ranking follows the links (trainwise/search/layout_screen.py)."""
 
 import pytest

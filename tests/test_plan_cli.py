@@ -11,7 +11,8 @@ import pytest
 from test_search import GIB, formula
 from trainwise.api import search as search_api
 from trainwise.cli.main import main
-from trainwise.cli.train_auto import AutoRequest, pinned_argv, train_stepping_down
+from trainwise.api.auto_choice import AutoRequest, pinned_argv, train_stepping_down
+from trainwise.cli.train_auto import say
 from trainwise.common.errors import OutOfMemory
 from trainwise.plan import Plan
 from trainwise.search.compose import Measure
@@ -129,7 +130,7 @@ def test_batch_size_auto_steps_down_once_after_a_first_step_out_of_memory_and_ne
         tried.append(plan.batch_size)
         raise OutOfMemory("out of memory at step 1")
     with pytest.raises(OutOfMemory):
-        train_stepping_down(request, Plan(batch_size=8), out_of_memory, lambda: 0)
+        train_stepping_down(request, Plan(batch_size=8), out_of_memory, lambda: 0, say)
     assert tried == [8, 4]
     line = capsys.readouterr().err.strip()
     assert line == ("--batch-size auto: micro-batch 8 ran out of memory in the first step; trying 4 "
@@ -137,9 +138,9 @@ def test_batch_size_auto_steps_down_once_after_a_first_step_out_of_memory_and_ne
 
     def only_8_too_big(plan):
         return plan.batch_size if plan.batch_size < 8 else out_of_memory(plan)
-    assert train_stepping_down(request, Plan(batch_size=8), only_8_too_big, lambda: 0) == 4
+    assert train_stepping_down(request, Plan(batch_size=8), only_8_too_big, lambda: 0, say) == 4
     with pytest.raises(OutOfMemory):  # after a step has run, the OOM is not the batch size's
-        train_stepping_down(request, Plan(batch_size=8), out_of_memory, lambda: 1)
+        train_stepping_down(request, Plan(batch_size=8), out_of_memory, lambda: 1, say)
     fault_log(kind="fault", case="--batch-size auto, out of memory in the first step", exit_code=3, message=line,
               lost=0)
 

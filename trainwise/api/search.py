@@ -30,7 +30,7 @@ from trainwise.search.compose import Measure
 from trainwise.emit.train_line import Launch
 from trainwise.search.refine import refine
 from trainwise.search.screen_and_confirm import DEFAULT_MARGIN, Evaluator, SearchResult, search, smallest
-from trainwise.search.space import ALLOWABLE, Space, build_space
+from trainwise.search.space import ALLOWABLE, Space, build_space, parse_allow
 from trainwise.search.why_lost import confirmed_alternatives
 from trainwise.search.why_lost_layout import layout_alternatives
 from trainwise.plan.plan import Plan
@@ -221,4 +221,4 @@ def space_margin(result: SearchResult, device: Device) -> str:
     return f"{(1 - result.usable_bytes / capacity) * 100:.0f} %"
 
 
-__all__ = ["PlanReport", "plan_search", "estimate_evaluator", "measure_of", "capacity_of", "ALLOWABLE"]
+__all__ = ["PlanReport", "plan_search", "estimate_evaluator", "measure_of", "capacity_of", "ALLOWABLE", "parse_allow"]

@@ -58,7 +58,7 @@ def _add_run_arguments(group) -> None:
 
 def launch_from_args(args):
     """The Launch of `plan`'s arguments: what the train lines carry besides the plan."""
-    from trainwise.emit.train_line import Launch
+    from trainwise.api.emit import Launch
 
     return Launch(model=args.model, gpus_per_node=number_option(args, "gpus_per_node"), task=args.task,
                   trust_remote_code=args.trust_remote_code, data=args.data, tokenizer=args.tokenizer,
@@ -75,11 +75,11 @@ def run(args) -> int:
 
     from rich.console import Console
 
-    from trainwise.api.search import plan_search
+    from trainwise.api.emit import check_emit_target, emit_best
+    from trainwise.api.search import parse_allow, plan_search
     from trainwise.cli.output import print_json
     from trainwise.cli.progress_bar import progress_bar
     from trainwise.cli.render_plan import plan_json, render_plan, write_outputs
-    from trainwise.search.space import parse_allow
 
     # The estimate runs transformers' checkpointing switch dozens of times; its deprecation
     # notice would drown the table.
@@ -94,13 +94,10 @@ def run(args) -> int:
                        margin=number_option(args, "memory_margin", float, 0))
     plan = plan_from_args(args)
     launch = launch_from_args(args)  # a bad value is refused before the search
-    if args.emit == "torchtitan":
-        from trainwise.emit.torchtitan import flavor_of
-
-        flavor_of(args.model)  # a model torchtitan has no flavor of is refused before the search
+    check_emit_target(args.emit, args.model)  # e.g. a model torchtitan has no flavor of, before the search
     if verify:
         from trainwise.hardware import resolve_device
-        from trainwise.search.verify import check_device_present
+        from trainwise.api.verify import check_device_present
 
         check_device_present(resolve_device(plan.device))
         search_args["top"] = max(search_args["top"], verify)
@@ -108,7 +105,7 @@ def run(args) -> int:
         report = plan_search(args.model, plan, fixed, profile=args.profile, task=args.task,
                              trust_remote_code=args.trust_remote_code, progress=progress, **search_args)
     paths = write_outputs(report, args.out)
-    emitted = _emit(report, args, launch)
+    emitted = emit_best(report, args.emit, launch, args.emit_out)
     if chart:
         from trainwise.cli.plan_chart import draw, plan_chart
 
@@ -132,21 +129,9 @@ def _verify(args, report) -> dict:
     from pathlib import Path
 
     from trainwise.cli.verify_args import run_verify_from_args
-    from trainwise.search.verify import report_to_json
+    from trainwise.api.verify import report_to_json
 
     profile = Path(args.profile) if args.profile else None
     verified = run_verify_from_args(args, args.model, list(report.result.ranked), report.device, profile)
     return report_to_json(verified)
 
-
-def _emit(report, args, launch):
-    """(text, knobs it cannot express) of the best plan for --emit, written to --emit-out."""
-    from trainwise.common.atomic import atomic_write_text
-    from trainwise.emit.targets import emit
-
-    if args.emit is None:
-        return None
-    text, missing = emit(report.result.ranked[0].plan, args.emit, launch)
-    if args.emit_out is not None:
-        atomic_write_text(args.emit_out, text + "\n")
-    return text, missing

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from trainwise.common.atomic import atomic_write_text
 from trainwise.common.units import human_bytes
-from trainwise.emit.train_line import Launch, train_flags
+
+if TYPE_CHECKING:  # api/ is imported on use: its package imports the estimate (torch)
+    from trainwise.api.emit import Launch
 
 
 def write_outputs(report, out_dir: str | None) -> list[str | None]:
@@ -59,7 +62,7 @@ def render_plan(report, paths: list[str | None], console, launch: Launch | None 
     console.print(table)
     for rank, (candidate, path) in enumerate(zip(result.ranked, paths), 1):
         exact = "exact estimate" if candidate.exact else "composed"
-        console.print(f"{rank}: {train_flags(candidate.plan, launch or report.model)}  ({exact}"
+        console.print(f"{rank}: {_train_flags(candidate.plan, launch or report.model)}  ({exact}"
                       + (f"; plan file {path})" if path else ")"), soft_wrap=True)
     if not result.timed:
         console.print("ranked without a time prediction (no step-time model or device profile for this device): "
@@ -79,7 +82,7 @@ def candidate_json(candidate, model: str | Launch, path: str | None) -> dict:
     return {"plan": candidate.plan.to_dict(), "memory_bytes": candidate.memory_bytes, **nan_free,
             "gpus": candidate.gpus, "mfu": candidate.mfu, "breakdown": candidate.breakdown, "exact": candidate.exact,
             "source": "predicted", "changes_math": list(candidate.changes_math),
-            "flags": train_flags(candidate.plan, model), "plan_file": path}
+            "flags": _train_flags(candidate.plan, model), "plan_file": path}
 
 
 def plan_json(report, paths: list[str | None], emitted, launch: Launch | None = None) -> dict:
@@ -96,3 +99,10 @@ def plan_json(report, paths: list[str | None], emitted, launch: Launch | None = 
     if emitted:
         data["emit"] = {"text": emitted[0], "cannot_express": emitted[1]}
     return data
+
+
+def _train_flags(plan, model) -> str:
+    """The plan's `trainwise train` line (api/ imported here, on use)."""
+    from trainwise.api.emit import train_flags
+
+    return train_flags(plan, model)

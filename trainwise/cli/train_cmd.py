@@ -43,7 +43,8 @@ def run(args) -> int:
 
     from trainwise.api.training import train
     from trainwise.cli.render_train import StepProgress, render_header, render_summary
-    from trainwise.cli.train_auto import train_stepping_down
+    from trainwise.api.auto_choice import train_stepping_down
+    from trainwise.cli.train_auto import say
     from trainwise.engine.parallel.launch import should_launch
     from trainwise.engine.parallel.mesh import stop_distributed
 
@@ -61,7 +62,7 @@ def run(args) -> int:
                      on_ready=lambda r: render_header(r, console), on_step=lambda e: (steps.append(e), progress(e)))
     try:
         with progress:
-            result = train_stepping_down(auto, plan, run_train, lambda: len(steps))
+            result = train_stepping_down(auto, plan, run_train, lambda: len(steps), say)
     finally:
         stop_distributed()
     render_summary(result, console)
@@ -123,7 +124,7 @@ def _launch(args, auto, plan, run_config, world: int, explicit, warning) -> int:
     them, each for the whole job of `world` processes, and each checks the --out its ranks
     will write their checkpoint shards to (storage shared by the nodes)."""
     from trainwise.api.training import check_train_request
-    from trainwise.cli.train_auto import pinned_argv
+    from trainwise.api.auto_choice import pinned_argv
     from trainwise.engine.output_preflight import check_training_output, count_parameters_of
     from trainwise.engine.parallel.launch import launch_local
     from trainwise.engine.runtime import runtime_device

@@ -4,14 +4,14 @@ auto` share to run the top K plans on this machine before choosing one."""
 from __future__ import annotations
 
 import argparse
-import tempfile
 from pathlib import Path
 
 from trainwise.common.errors import InputError
 
 DEFAULT_REPEAT = 3
-# Timed steps per run after the warm-up: a GPU step of a small plan is milliseconds, so it
-# gets more; a CPU run stays short (its memory-probe step comes on top, untimed).
+# Timed steps per run after the warm-up (the default --verify-steps, shown in --help): a GPU
+# step of a small plan is milliseconds, so it gets more; a CPU run stays short (its
+# memory-probe step comes on top, untimed).
 TIMED_STEPS = {"cpu": 2, "cuda": 8}
 
 
@@ -48,7 +48,7 @@ def run_verify_from_args(args, model: str, candidates: list, device, profile_pat
 
     from trainwise.cli.render_verify import render_verify
     from trainwise.cli.progress_bar import progress_bar
-    from trainwise.search.verify import verify_candidates
+    from trainwise.api.verify import verify_plans
 
     count = verify_count(args)
     if count == 0:
@@ -60,14 +60,11 @@ def run_verify_from_args(args, model: str, candidates: list, device, profile_pat
     if len(chosen) < count:
         console.print(f"--verify {count}: only {len(chosen)} plan(s) fit, verifying those", highlight=False,
                       markup=False)
-    warmup = 2 if any(c.plan.compile for c in chosen) else 1
-    steps = (int(args.verify_steps) if args.verify_steps is not None
-             else warmup + TIMED_STEPS.get(device.kind, TIMED_STEPS["cuda"]) + (1 if device.kind == "cpu" else 0))
-    with tempfile.TemporaryDirectory(prefix="trainwise-verify-") as workdir, progress_bar() as progress:
-        report = verify_candidates(model, chosen, steps=steps, timing_warmup=warmup,
-                                   repeat=int(args.verify_repeat), workdir=Path(workdir),
-                                   task=getattr(args, "task", None), profile_path=profile_path, device=device,
-                                   progress=progress)
+    steps = int(args.verify_steps) if args.verify_steps is not None else None
+    with progress_bar() as progress:
+        report = verify_plans(model, chosen, device, steps=steps, timed_steps=TIMED_STEPS,
+                              repeat=int(args.verify_repeat),
+                              task=getattr(args, "task", None), profile_path=profile_path, progress=progress)
     render_verify(report, console)
     return report
 
