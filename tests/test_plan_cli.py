@@ -194,3 +194,58 @@ def test_train_plan_auto_without_a_global_batch_trains_eight_samples_per_step_pe
     batch = int(trains[trains.index("--batch-size") + 1]) if "--batch-size" in trains else 1
     accum = int(trains[trains.index("--grad-accum") + 1]) if "--grad-accum" in trains else 1
     assert batch * accum == 8
+
+
+def test_plan_auto_over_nodes_searches_and_sizes_the_batch_for_every_gpu_of_the_job():
+    # --nnodes 2 --nproc 4 is a job of 8 GPUs: the layout search and the default batch are for 8,
+    # not for this node's 4 (decided without launching torchrun).
+    from trainwise.api.auto_choice import search_scope
+
+    request = AutoRequest(plan=True, batch=False, global_batch=None, margin=0.05, fixed=frozenset(), nnodes=2)
+    scope = search_scope(request, nproc=4)
+    assert (scope.gpus, scope.gpus_per_node, scope.global_batch) == (8, 4, 64)
+    one_node = search_scope(AutoRequest(plan=True, batch=False, global_batch=None, margin=0.05,
+                                        fixed=frozenset()), nproc=4)
+    assert (one_node.gpus, one_node.gpus_per_node, one_node.global_batch) == (4, None, 32)
+    given = search_scope(AutoRequest(plan=True, batch=False, global_batch=48, margin=0.05, fixed=frozenset(),
+                                     nnodes=2), nproc=4)
+    assert (given.gpus, given.global_batch, given.line) == (8, 48, None)
+
+
+def test_plan_auto_bounds_its_default_batch_by_the_rows_the_data_holds():
+    from trainwise.api.auto_choice import search_scope
+    from trainwise.common.errors import InputError
+
+    def scope(rows, nproc=1):
+        return search_scope(AutoRequest(plan=True, batch=False, global_batch=None, margin=0.05,
+                                        fixed=frozenset(), rows=rows), nproc=nproc)
+
+    assert scope(5).global_batch == 5 and "cut to 5" in scope(5).line
+    assert scope(6, nproc=4).global_batch == 4  # one micro-batch row per rank, the same on every rank
+    assert scope(60).global_batch == 8 and "cut" not in scope(60).line
+    with pytest.raises(InputError) as refused:
+        scope(3, nproc=4)
+    assert refused.value.field == "--data"
+
+
+def test_rows_at_least_counts_a_small_text_file_and_the_builtin_corpus_without_tokenizing(tmp_path):
+    from trainwise.engine.data.row_count import rows_at_least
+
+    text = tmp_path / "small.txt"
+    text.write_text("".join("x" * 31 + "\n" for _ in range(60)))  # 60 lines of 31 bytes: 1,860 text bytes
+    assert rows_at_least(str(text), None, None, 32) == 1860 // 32
+    assert rows_at_least(str(text), "tok-dir", None, 32) is None  # a tokenizer's count needs the tokenizing
+    assert rows_at_least("synthetic", None, None, 32) is None
+    assert rows_at_least("builtin", None, None, 64) > 10_000
+
+
+@pytest.mark.slow
+def test_train_plan_auto_on_a_dataset_smaller_than_the_default_batch_trains(capsys, tmp_path):
+    # 5 sequences of 32 byte tokens: the default 8 samples per step would be refused after the search.
+    text = tmp_path / "five.txt"
+    text.write_text("".join("y" * 39 + "\n" for _ in range(5)))
+    code = main(["train", "tiny-llama", "--plan", "auto", "--device", "cpu", "--seq-len", "32", "--steps", "1",
+                 "--data", str(text), "--output", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "cut to 6 because --data holds at least 6 sequences" in err

@@ -31,3 +31,17 @@ def test_a_pipe_gets_nothing(monkeypatch, capsys):
         report(2, 2, "screening plans")
     captured = capsys.readouterr()
     assert captured.err == "" and captured.out == ""
+
+
+def test_a_pipe_gets_throttled_lines_when_asked(monkeypatch):
+    # train --plan auto: its search must show in a log, as the steps after it do.
+    import trainwise.cli.progress_bar as bar
+
+    clock = iter([0.0, 1.0, 2.0, 7.0, 8.0])
+    monkeypatch.setattr(bar.time, "monotonic", lambda: next(clock))
+    log = io.StringIO()
+    with progress_bar(Console(file=log, force_terminal=False), lines=True) as report:
+        for done in range(4):
+            report(done, 10, "screening plans")
+        report(0, 3, "confirming")
+    assert log.getvalue().splitlines() == ["screening plans: 0/10", "screening plans: 3/10", "confirming: 0/3"]

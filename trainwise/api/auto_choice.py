@@ -7,9 +7,10 @@ runs out of memory. Reading the flags into an `AutoRequest` is the command line'
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
-from trainwise.common.errors import OutOfMemory
+from trainwise.common.errors import InputError, OutOfMemory
 from trainwise.common.units import human_bytes
 from trainwise.plan.auto_request import AutoRequest
 from trainwise.plan.plan import Plan
@@ -35,23 +36,59 @@ def resolve_auto(request: AutoRequest, plan: Plan, model: str, device_name: str,
     return picked.plan.replace(device=plan.device)
 
 
+@dataclass(frozen=True)
+class SearchScope:
+    """What `--plan auto` searches: the job's GPUs (all nodes), GPUs per node when there
+    are several, and the global batch (None: the search's own choice); `line` says a
+    default chosen for the user."""
+
+    gpus: int
+    gpus_per_node: int | None
+    global_batch: int | None
+    line: str | None
+
+
+def search_scope(request: AutoRequest, nproc: int) -> SearchScope:
+    """The job is --nnodes x --nproc GPUs (each node runs `nproc`): the layout is searched
+    for all of them and the default global batch is AUTO_SAMPLES_PER_GPU per GPU of the job,
+    cut to what the data holds (each rank's micro-batch needs rows of its own). InputError
+    when the data cannot give every rank one row."""
+    from trainwise.api.search import AUTO_SAMPLES_PER_GPU, auto_global_batch
+
+    gpus = request.nnodes * nproc
+    per_node = nproc if request.nnodes > 1 else None
+    rows = request.rows
+    if rows is not None and rows < gpus:
+        raise InputError("--data", f"holds about {rows} training sequence(s) of --seq-len tokens, fewer than the "
+                                   f"job's {gpus} process(es) need (one each); lower --seq-len or add data")
+    if request.global_batch is not None or {"batch_size", "grad_accum"} <= request.fixed:
+        return SearchScope(gpus, per_node, request.global_batch, None)
+    wanted = auto_global_batch(gpus)
+    bounded = wanted if rows is None else min(wanted, rows // gpus * gpus)
+    cut = (f"; cut to {bounded} because --data holds at least {rows} sequences and no more are known"
+           if bounded < wanted else "")
+    return SearchScope(gpus, per_node, bounded,
+                       f"--plan auto: no --global-batch given: {bounded} samples per step ({AUTO_SAMPLES_PER_GPU} per "
+                       f"GPU, the default" + (f", x {gpus} GPUs" if gpus > 1 else "")
+                       + f"{cut}; --global-batch N to choose)")
+
+
 def _searched(request: AutoRequest, plan: Plan, model: str, device_name: str, task, trust_remote_code, say,
               progress) -> Plan:
     from contextlib import nullcontext
 
-    from trainwise.api.search import AUTO_SAMPLES_PER_GPU, auto_global_batch, plan_search
+    from trainwise.api.search import plan_search
     from trainwise.common.progress import silent
     from trainwise.emit.train_line import train_flags
 
-    global_batch = request.global_batch
-    if global_batch is None and not {"batch_size", "grad_accum"} <= request.fixed:
-        global_batch = auto_global_batch(plan.nproc)
-        say(f"--plan auto: no --global-batch given: {global_batch} samples per step ({AUTO_SAMPLES_PER_GPU} per "
-            f"GPU, the default; --global-batch N to choose)")
+    scope = search_scope(request, plan.nproc)
+    if scope.line:
+        say(scope.line)
     with (progress if progress is not None else nullcontext(silent)) as shown:
         report = plan_search(model, plan.replace(device=device_name), request.fixed | {"device"},
-                             top=max(1, request.verify), global_batch=global_batch, margin=request.margin,
-                             gpus=plan.nproc, task=task, trust_remote_code=trust_remote_code, progress=shown)
+                             top=max(1, request.verify), global_batch=scope.global_batch, margin=request.margin,
+                             gpus=scope.gpus, gpus_per_node=scope.gpus_per_node, task=task,
+                             trust_remote_code=trust_remote_code, progress=shown)
     best = report.result.ranked[0]
     if request.verify:
         best = _measured_best(request, report, model, say)
@@ -59,8 +96,9 @@ def _searched(request: AutoRequest, plan: Plan, model: str, device_name: str, ta
              else f", {best.step_s:.3g} s per step, {best.tokens_per_s:,.0f} tokens/s (job)")
     say(f"--plan auto chose (of {len(report.result.screened)} plans, {report.seconds:.1f} s): predicted "
         f"{human_bytes(best.memory_bytes)} device total{speed}")
-    say(f"--plan auto trains: {train_flags(best.plan, model)}")
-    return best.plan.replace(device=plan.device)
+    chosen = best.plan.replace(nproc=plan.nproc)  # this node's processes; the layout spans the job's
+    say(f"--plan auto trains: {train_flags(chosen, model)}")
+    return chosen.replace(device=plan.device)
 
 
 def _measured_best(request: AutoRequest, report, model: str, say):

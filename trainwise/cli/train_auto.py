@@ -49,6 +49,6 @@ def resolve_auto(request: AutoRequest, plan: Plan, model: str, device_name: str,
     from trainwise.cli.progress_bar import progress_bar
 
     return decide(request, plan, model, device_name, task, trust_remote_code, say=say,
-                         progress=progress_bar() if request.plan else None)
+                         progress=progress_bar(lines=True) if request.plan else None)
 
 
