@@ -181,13 +181,22 @@ def test_the_plan_search_tries_liger_on_a_cuda_target_and_keeps_it_when_predicte
     assert any("Liger kernels" in note for note in report.result.notes if note.startswith("composed"))
 
 
-@pytest.mark.parametrize("kind, source, installed, searched", [("cpu", "generic", True, False),
-                                                               ("cuda", "catalog", False, True),
-                                                               ("cuda", "detected", False, False),
-                                                               ("cuda", "detected", True, True)])
-def test_liger_is_searched_where_it_can_run(kind, source, installed, searched, monkeypatch):
+@pytest.mark.parametrize("kind, installed_only, installed, searched", [("cpu", False, True, False),
+                                                                       ("cuda", False, False, True),
+                                                                       ("cuda", True, False, False),
+                                                                       ("cuda", True, True, True)])
+def test_liger_is_searched_where_it_can_run(kind, installed_only, installed, searched, monkeypatch):
+    # A catalog GPU's run may be elsewhere: searched, and the plan says liger-kernel is not here;
+    # under --installed-only (the default for this machine's device) only when it is installed.
     from trainwise.hardware import Device
+    from trainwise.plan import Plan
     from trainwise.search import refine
+    from trainwise.search.space import build_space
 
     monkeypatch.setattr(refine, "installed", lambda package: installed and package == "liger_kernel")
-    assert refine.liger_can_run(Device(kind=kind, name="test", source=source)) is searched
+    device = Device(kind=kind, name="test", source="catalog" if kind == "cuda" else "generic")
+    space = build_space(Plan(device="cpu"), frozenset(), device, frozenset(), 8, installed_only=installed_only)
+    assert any(r.name == "Liger kernels" for r in refine.refinements_for(space, device)) is searched
+    if kind == "cuda" and not searched:
+        assert any("needs liger-kernel (not installed here: pip install 'liger-kernel>=0.6,<0.9'); "
+                   "--no-installed-only" in note for note in refine.not_allowed(space, device))

@@ -249,3 +249,62 @@ def test_train_plan_auto_on_a_dataset_smaller_than_the_default_batch_trains(caps
     err = capsys.readouterr().err
     assert code == 0, err
     assert "cut to 6 because --data holds at least 6 sequences" in err
+
+
+def _liger_faster(plan):
+    """The formula, with Liger's kernels 20 % faster: the winner on a GPU needs liger-kernel."""
+    measure = formula(plan)
+    if plan.kernels != "liger":
+        return measure
+    breakdown = {k: v * 0.8 for k, v in measure.breakdown.items()}
+    return Measure(memory_bytes=measure.memory_bytes, step_s=sum(breakdown.values()), breakdown=breakdown,
+                   ideal_s=measure.ideal_s)
+
+
+def _nothing_installed(monkeypatch):
+    from trainwise.hardware import installation
+    from trainwise.search import refine, space
+
+    for module in (installation, refine, space):
+        monkeypatch.setattr(module, "installed", lambda package: False)
+
+
+def test_a_plan_for_a_catalog_gpu_says_which_packages_it_needs_that_are_not_installed_here(monkeypatch, capsys):
+    _use(monkeypatch, _liger_faster)
+    _nothing_installed(monkeypatch)
+    assert main(PLAN + ["--global-batch", "16", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    best = data["plans"][0]
+    assert not data["installed_only"] and best["plan"]["kernels"] == "liger"  # the cluster may have it
+    assert {"flag": "--kernels liger", "module": "liger_kernel", "pip": "liger-kernel>=0.6,<0.9"} \
+        in best["not_installed_here"]
+    assert main(PLAN + ["--global-batch", "16"]) == 0
+    assert "--kernels liger needs liger-kernel (not installed here: pip install 'liger-kernel>=0.6,<0.9')" \
+        in capsys.readouterr().out
+
+
+def test_installed_only_keeps_the_search_to_installed_packages_and_is_the_default_for_this_machine(monkeypatch,
+                                                                                                 capsys):
+    _use(monkeypatch, _liger_faster)
+    _nothing_installed(monkeypatch)
+    assert main(PLAN + ["--global-batch", "16", "--installed-only", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["installed_only"] and all(p["not_installed_here"] == [] for p in data["plans"])
+    assert all(p["plan"]["kernels"] == "none" and not p["plan"]["compile"] for p in data["plans"])
+    assert any("Liger kernels not searched: needs liger-kernel" in note for note in data["notes"])
+    cpu = ["plan", "tiny-llama", "--device", "cpu", "--seq-len", "64", "--precision", "bf16", "--global-batch", "8"]
+    assert main(cpu + ["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["installed_only"]  # the CPU is this machine's
+    assert main(cpu + ["--no-installed-only", "--json"]) == 0
+    assert not json.loads(capsys.readouterr().out)["installed_only"]
+
+
+def test_the_install_lines_ask_for_the_versions_of_the_gpu_extra():
+    import tomllib
+    from pathlib import Path
+
+    from trainwise.hardware.installation import BITSANDBYTES, LIGER, TORCHAO
+
+    extra = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["gpu"]
+    assert {LIGER.pip, TORCHAO.pip, BITSANDBYTES.pip} <= set(extra)

@@ -254,7 +254,8 @@ def test_an_allowed_float8_search_without_torchao_says_so(monkeypatch):
     allowed = space_for(allow="float8")
     assert "float8" not in [r.name for r in refine.refinements_for(allowed, H100)]
     assert refine.not_allowed(allowed, H100) == [
-        "float8 not searched: its estimate traces torchao, which is not installed here (pip install torchao)"]
+        "float8 not searched: its estimate traces torchao, which is not installed here "
+        "(pip install 'torchao>=0.12,<0.19')"]
 
 
 def _why_not_setup(exact_step_s: float):

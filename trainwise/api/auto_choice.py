@@ -88,7 +88,8 @@ def _searched(request: AutoRequest, plan: Plan, model: str, device_name: str, ta
         report = plan_search(model, plan.replace(device=device_name), request.fixed | {"device"},
                              top=max(1, request.verify), global_batch=scope.global_batch, margin=request.margin,
                              gpus=scope.gpus, gpus_per_node=scope.gpus_per_node, task=task,
-                             trust_remote_code=trust_remote_code, progress=shown)
+                             trust_remote_code=trust_remote_code, progress=shown,
+                             installed_only=request.installed_only is not False)
     best = report.result.ranked[0]
     if request.verify:
         best = _measured_best(request, report, model, say)

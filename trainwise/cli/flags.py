@@ -73,6 +73,15 @@ def add_auto_batch_flags(parser: argparse.ArgumentParser) -> None:
                             "(default: 0.05)")
 
 
+def add_installed_only_flag(parser: argparse.ArgumentParser) -> None:
+    """--installed-only / --no-installed-only for the plan search (`plan`, `train --plan auto`)."""
+    parser.add_argument("--installed-only", default=None, action=argparse.BooleanOptionalAction,
+                        help="search only techniques whose packages (liger-kernel, torchao, bitsandbytes, flash-attn, "
+                             "triton) are installed here (default: on when planning for this machine: the CPU, a GPU "
+                             "present, train --plan auto; off for a GPU named from the catalog, whose plans say "
+                             "what they need that is not installed here)")
+
+
 def take_auto_batch(args: argparse.Namespace) -> bool:
     """True when the user typed `--batch-size auto`; the value is removed from `args` so the
     Plan (whose batch_size is an int) is built without it."""

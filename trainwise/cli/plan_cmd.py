@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from trainwise.cli.flags import (add_auto_batch_flags, add_knob_flags, explicit_knobs, number_option, section,
-                                 take_auto_batch)
+from trainwise.cli.flags import (add_auto_batch_flags, add_installed_only_flag, add_knob_flags, explicit_knobs,
+                                 number_option, section, take_auto_batch)
 from trainwise.cli.flags import plan_from_args
 from trainwise.cli.verify_args import add_verify_arguments, verify_count
 
@@ -40,6 +40,7 @@ def register(commands) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     add_knob_flags(parser)
     add_auto_batch_flags(parser)
+    add_installed_only_flag(parser)
     add_verify_arguments(parser)
     parser.set_defaults(run=run)
 
@@ -91,7 +92,7 @@ def run(args) -> int:
                        gpus=number_option(args, "gpus", minimum=1), top=number_option(args, "top", minimum=1),
                        gpus_per_node=number_option(args, "gpus_per_node"),
                        inter_node_gbps=number_option(args, "inter_node_gbps", float, 0),
-                       margin=number_option(args, "memory_margin", float, 0))
+                       margin=number_option(args, "memory_margin", float, 0), installed_only=args.installed_only)
     plan = plan_from_args(args)
     launch = launch_from_args(args)  # a bad value is refused before the search
     check_emit_target(args.emit, args.model)  # e.g. a model torchtitan has no flavor of, before the search

@@ -14,6 +14,7 @@ from trainwise.common.units import human_bytes
 
 if TYPE_CHECKING:  # api/ is imported on use: its package imports the estimate (torch)
     from trainwise.api.emit import Launch
+from trainwise.hardware.installation import missing_here
 
 
 def write_outputs(report, out_dir: str | None) -> list[str | None]:
@@ -64,6 +65,8 @@ def render_plan(report, paths: list[str | None], console, launch: Launch | None 
         exact = "exact estimate" if candidate.exact else "composed"
         console.print(f"{rank}: {_train_flags(candidate.plan, launch or report.model)}  ({exact}"
                       + (f"; plan file {path})" if path else ")"), soft_wrap=True)
+        for package in missing_here(candidate.plan, report.device.kind):
+            console.print(f"   {package.flag} {package.need}", soft_wrap=True)
     if not result.timed:
         console.print("ranked without a time prediction (no step-time model or device profile for this device): "
                       "largest micro-batch first, then without recomputation, not eager attention, least memory")
@@ -73,7 +76,7 @@ def render_plan(report, paths: list[str | None], console, launch: Launch | None 
         console.print(f"note: {note}")
 
 
-def candidate_json(candidate, model: str | Launch, path: str | None) -> dict:
+def candidate_json(candidate, model: str | Launch, path: str | None, device_kind: str) -> dict:
     nan_free = {k: (None if isinstance(v, float) and math.isnan(v) else v)
                 for k, v in (("step_s", candidate.step_s), ("tokens_per_s", candidate.tokens_per_s),
                              ("samples_per_s", candidate.samples_per_s),
@@ -82,7 +85,9 @@ def candidate_json(candidate, model: str | Launch, path: str | None) -> dict:
     return {"plan": candidate.plan.to_dict(), "memory_bytes": candidate.memory_bytes, **nan_free,
             "gpus": candidate.gpus, "mfu": candidate.mfu, "breakdown": candidate.breakdown, "exact": candidate.exact,
             "source": "predicted", "changes_math": list(candidate.changes_math),
-            "flags": _train_flags(candidate.plan, model), "plan_file": path}
+            "flags": _train_flags(candidate.plan, model), "plan_file": path,
+            "not_installed_here": [{"flag": p.flag, "module": p.module, "pip": p.pip}
+                                   for p in missing_here(candidate.plan, device_kind)]}
 
 
 def plan_json(report, paths: list[str | None], emitted, launch: Launch | None = None) -> dict:
@@ -90,10 +95,13 @@ def plan_json(report, paths: list[str | None], emitted, launch: Launch | None = 
     data = {"model": report.model, "device": report.device.name, "capacity_bytes": report.capacity_bytes,
             "usable_bytes": result.usable_bytes, "memory_margin": report.margin,
             "global_batch": report.space.global_batch, "allow": sorted(report.space.allow),
-            "fixed": sorted(report.space.fixed), "ranked_by": "tokens_per_s" if result.timed else "micro_batch",
+            "fixed": sorted(report.space.fixed), "installed_only": report.space.installed_only,
+            "ranked_by": "tokens_per_s" if result.timed else "micro_batch",
             "screened": len(result.screened), "estimates": result.evaluations, "search_s": report.seconds,
-            "plans": [candidate_json(c, launch or report.model, p) for c, p in zip(result.ranked, paths)],
-            "alternatives": [{"technique": knob, "line": line, **candidate_json(c, launch or report.model, None)}
+            "plans": [candidate_json(c, launch or report.model, p, report.device.kind)
+                      for c, p in zip(result.ranked, paths)],
+            "alternatives": [{"technique": knob, "line": line,
+                              **candidate_json(c, launch or report.model, None, report.device.kind)}
                              for knob, c, line in report.why_lost],
             "notes": [*report.space.notes, *result.notes]}
     if emitted:

@@ -31,7 +31,8 @@ def take_auto_request(args) -> AutoRequest:
         args.plan = None  # a plan file literally named auto is still reachable as ./auto
     return AutoRequest(plan=auto_plan, batch=auto_batch, global_batch=number_option(args, "global_batch"),
                        margin=number_option(args, "memory_margin", float, 0), fixed=fixed, verify=verify,
-                       run_verify=_verify_runner(args) if verify else None)
+                       run_verify=_verify_runner(args) if verify else None,
+                       installed_only=getattr(args, "installed_only", None))
 
 
 def _verify_runner(args):

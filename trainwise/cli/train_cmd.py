@@ -6,7 +6,8 @@ import os
 import sys
 
 from trainwise.cli.output import print_json_line, summary_object
-from trainwise.cli.flags import add_auto_batch_flags, add_knob_flags, plan_from_args, typed_values
+from trainwise.cli.flags import (add_auto_batch_flags, add_installed_only_flag, add_knob_flags, plan_from_args,
+                                 typed_values)
 from trainwise.cli.verify_args import add_verify_arguments
 from trainwise.engine.data.source_check import check_data_source
 from trainwise.engine.reports import check_reports
@@ -33,6 +34,7 @@ def register(commands) -> None:
                              "and progress go to stderr)")
     add_knob_flags(parser, RunConfig.specs())
     add_auto_batch_flags(parser)  # --plan auto and --batch-size auto: trainwise/cli/train_auto.py
+    add_installed_only_flag(parser)
     add_verify_arguments(parser)
     parser.set_defaults(run=run)
 

@@ -25,5 +25,6 @@ class AutoRequest:
     # run_verify(model, ranked plans, device): runs them here (--verify; the command line
     # renders the table) and returns the outcome (.confident, .recommended)
     run_verify: Callable | None = None
+    installed_only: bool | None = None  # --installed-only / --no-installed-only (None: the default, on)
     nnodes: int = 1  # --nnodes: the search lays the plan out over nnodes x --nproc GPUs
     rows: int | None = None  # training sequences the data holds at least (None: unknown)

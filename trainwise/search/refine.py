@@ -26,10 +26,10 @@ from typing import Callable
 
 from trainwise.common.errors import InputError
 from trainwise.hardware import Device
-from trainwise.hardware.installation import installed
+from trainwise.hardware.installation import LIGER, TORCHAO, TRITON, Package, installed
 from trainwise.search.candidate import Candidate
 from trainwise.search.screen_and_confirm import Evaluator, SearchResult, candidate_of, confirm, fits, rank_key
-from trainwise.search.space import Space
+from trainwise.search.space import NOT_HERE, Space
 from trainwise.plan.plan import Plan
 from trainwise.techniques.float8 import float8_plan_problem
 
@@ -46,8 +46,10 @@ class Refinement:
     useful: Callable[[Plan], bool] = lambda best: True
     runs_on: Callable[[Device], bool] = lambda device: True
     allow: str | None = None  # the --allow value it needs (a technique that changes the math)
-    # A package the estimate traces it with, needed here whatever the target.
-    traced_with: str | None = None
+    # The package it runs on where the plan runs (left out under --installed-only when not here).
+    package: Package | None = None
+    # Whether the estimate traces that package itself, so it is needed here whatever the target.
+    traced_with_package: bool = False
 
 
 @dataclass(frozen=True)
@@ -60,20 +62,18 @@ class Effect:
 
 
 def liger_can_run(device: Device) -> bool:
-    """Liger's Triton kernels need a CUDA target, and liger-kernel installed where the plan
-    will run: here for this machine's GPU (`train --plan auto`), unknown for a GPU named from
-    the catalog (the run may be elsewhere). A family Liger does not patch is refused by the
-    estimate, which the search then notes."""
-    return device.kind == "cuda" and (device.source == "catalog" or installed("liger_kernel"))
+    """Liger's Triton kernels need a CUDA target (and liger-kernel where the plan runs: the
+    refinement's package). A family Liger does not patch is refused by the estimate, which
+    the search then notes."""
+    return device.kind == "cuda"
 
 
 def compile_can_run(device: Device) -> bool:
-    """CUDA GPUs, through Triton (installed here for this machine's GPU, unknown for a
-    catalog GPU, whose run may be elsewhere). Not the CPU, though inductor compiles for it:
-    there a compiled step measured mixed against eager (GPT-2 slower, docs/plan.md), and a
-    cold compile of a minute outweighs the short runs a CPU is used for; `--compile` stays
-    the user's to give."""
-    return device.kind == "cuda" and (device.source == "catalog" or installed("triton"))
+    """CUDA GPUs, through Triton (the refinement's package). Not the CPU, though inductor
+    compiles for it: there a compiled step measured mixed against eager (GPT-2 slower,
+    docs/plan.md), and a cold compile of a minute outweighs the short runs a CPU is used
+    for; `--compile` stays the user's to give."""
+    return device.kind == "cuda"
 
 
 def float8_can_run(device: Device) -> bool:
@@ -93,33 +93,45 @@ REFINEMENTS = (
     Refinement("activation offload", {"activation_offload": True}, lambda p: not p.activation_offload,
                lambda best: best.grad_ckpt, runs_on=lambda device: device.kind != "cpu"),  # refused there
     # Estimated from a stand-in that keeps what Liger's kernels keep (techniques/liger_stand_in.py).
-    Refinement("Liger kernels", {"kernels": "liger"}, lambda p: p.kernels == "none", runs_on=liger_can_run),
+    Refinement("Liger kernels", {"kernels": "liger"}, lambda p: p.kernels == "none", runs_on=liger_can_run,
+               package=LIGER),
     # Per block (the default scope); refused with --tp, so plans with it are left as they are.
-    Refinement("compile", {"compile": True}, lambda p: not p.compile and p.tp == 1, runs_on=compile_can_run),
+    Refinement("compile", {"compile": True}, lambda p: not p.compile and p.tp == 1, runs_on=compile_can_run,
+               package=TRITON),
     Refinement("float8", {"float8": True}, lambda p: p.compile and not p.float8 and float8_plan_problem(p) is None,
-               runs_on=float8_can_run, allow="float8", traced_with="torchao"),
+               runs_on=float8_can_run, allow="float8", package=TORCHAO, traced_with_package=True),
 )
 
 
+def _package_missing(refinement: Refinement, space: Space) -> bool:
+    """Whether the refinement is left out for its package: one the estimate traces, or any
+    under --installed-only, that is not installed here."""
+    package = refinement.package
+    return (package is not None and (refinement.traced_with_package or space.installed_only)
+            and not installed(package.module))
+
+
 def refinements_for(space: Space, device: Device) -> list[Refinement]:
-    """The refinements whose knobs the user did not fix, that run on `device`, and whose
-    change of the math (if any) the user allowed."""
+    """The refinements whose knobs the user did not fix, that run on `device`, whose
+    change of the math (if any) the user allowed, and whose package is here when it must be."""
     return [r for r in REFINEMENTS if not any(k in space.fixed for k in r.changes) and r.runs_on(device)
-            and (r.allow is None or r.allow in space.allow) and (r.traced_with is None or installed(r.traced_with))]
+            and (r.allow is None or r.allow in space.allow) and not _package_missing(r, space)]
 
 
 def not_allowed(space: Space, device: Device) -> list[str]:
     """Notes for the refinements left out only because they change the math, or because
-    the package their estimate traces is not installed here."""
+    their package is not installed here (traced by the estimate, or --installed-only)."""
     notes = []
     for r in REFINEMENTS:
         if not r.runs_on(device) or any(k in space.fixed for k in r.changes):
             continue
         if r.allow is not None and r.allow not in space.allow:
             notes.append(f"{r.name} not searched: it changes the training math; add --allow {r.allow} to try it")
-        elif r.traced_with is not None and not installed(r.traced_with):
-            notes.append(f"{r.name} not searched: its estimate traces {r.traced_with}, which is not installed here "
-                         f"(pip install {r.traced_with})")
+        elif _package_missing(r, space) and r.traced_with_package:
+            notes.append(f"{r.name} not searched: its estimate traces {r.package.module}, which is not installed here "
+                         f"(pip install '{r.package.pip}')")
+        elif _package_missing(r, space):
+            notes.append(f"{r.name} not searched: {NOT_HERE.format(need=r.package.need)}")
     return notes
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from trainwise.common.errors import InputError
 from trainwise.hardware import Device
+from trainwise.hardware.installation import BITSANDBYTES, installed
 from trainwise.plan.plan import Plan
 
 # What `--allow` may name: the techniques that change the training math.
@@ -19,6 +20,8 @@ ALLOWABLE = ("lora", "adamw-8bit", "adafactor", "bf16-pure", "fp16", "float8")
 LORA_RANK = 16
 # Without --global-batch, micro-batches are powers of two up to this (the fit filter cuts them).
 LARGEST_MICRO_BATCH = 1024
+# Why a technique was left out under --installed-only.
+NOT_HERE = "{need}; --no-installed-only searches it anyway"
 # The knobs whose values change the traced step (memory and time are re-measured per value);
 # the micro-batch and accumulation are composed arithmetically from two traced sizes.
 TRACE_KNOBS = ("precision", "optim", "grad_ckpt", "attention", "lora_rank")
@@ -38,6 +41,8 @@ class Space:
     batches: tuple[tuple[int, int], ...]
     choices: dict[str, tuple]
     notes: tuple[str, ...] = ()
+    # Only techniques whose packages are installed here (planning for this machine).
+    installed_only: bool = False
 
     def variants(self) -> list[dict]:
         """Every combination of the trace knobs' values, as Plan changes."""
@@ -75,13 +80,17 @@ def math_changes(plan: Plan, device: Device) -> tuple[str, ...]:
 
 def build_space(base: Plan, fixed: frozenset[str], device: Device, allow: frozenset[str],
                 global_batch: int | None, data_parallel: int = 1, flash_refusal: str | None = "not checked",
-                attention_refusals: dict[str, str] | None = None) -> Space:
+                attention_refusals: dict[str, str] | None = None, installed_only: bool = False) -> Space:
     """The space for `base` on `device`. `flash_refusal`/`attention_refusals`: why a kernel
     cannot run (from the model's attention rules), so it is left out with a note."""
     notes = []
+    optimizers = _optimizers(device, allow)
+    if installed_only and "adamw-8bit" in optimizers and not installed(BITSANDBYTES.module):
+        optimizers = tuple(o for o in optimizers if o != "adamw-8bit")
+        notes.append(f"adamw-8bit not searched: {NOT_HERE.format(need=BITSANDBYTES.need)}")
     choices = {
         "precision": _pick(base, fixed, "precision", _precisions(device, allow)),
-        "optim": _pick(base, fixed, "optim", _optimizers(device, allow)),
+        "optim": _pick(base, fixed, "optim", optimizers),
         "grad_ckpt": _pick(base, fixed, "grad_ckpt", (False, True)),
         "lora_rank": _pick(base, fixed, "lora_rank", (0, LORA_RANK) if "lora" in allow else (0,)),
     }
@@ -95,7 +104,7 @@ def build_space(base: Plan, fixed: frozenset[str], device: Device, allow: frozen
     choices["attention"] = _pick(base, fixed, "attention", tuple(kernels))
     batches = batch_options(base, fixed, global_batch, data_parallel)
     return Space(base=base, fixed=fixed, allow=allow, global_batch=global_batch, data_parallel=data_parallel,
-                 batches=batches, choices=choices, notes=tuple(notes))
+                 batches=batches, choices=choices, notes=tuple(notes), installed_only=installed_only)
 
 
 def batch_options(base: Plan, fixed: frozenset[str], global_batch: int | None,
