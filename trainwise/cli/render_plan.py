@@ -15,6 +15,8 @@ from trainwise.common.units import human_bytes
 if TYPE_CHECKING:  # api/ is imported on use: its package imports the estimate (torch)
     from trainwise.api.emit import Launch
 from trainwise.hardware.installation import missing_here
+from trainwise.hardware.measured import legend, never_measured
+from trainwise.plan.technique_names import techniques_of
 
 
 def write_outputs(report, out_dir: str | None) -> list[str | None]:
@@ -53,14 +55,19 @@ def render_plan(report, paths: list[str | None], console, launch: Launch | None 
                   f"({report.margin * 100:.0f} % margin)")
     table = Table(show_header=True, header_style="bold")
     for column in ("#", "device memory (predicted)", "step (s, predicted)", "tokens/s (job, predicted)",
-                   "tokens/s per GPU (predicted)", "MFU (predicted)", "changes math"):
+                   "tokens/s per GPU (predicted)", "MFU (predicted)", "techniques", "changes math"):
         table.add_column(column)
+    marked = False
     for rank, candidate in enumerate(result.ranked, 1):
+        techniques, marks = _techniques(candidate, report.device)
+        marked = marked or marks
         table.add_row(str(rank), human_bytes(candidate.memory_bytes), _number(candidate.step_s, ".3g"),
                       _number(candidate.tokens_per_s, ",.0f"), _number(candidate.tokens_per_s_per_gpu, ",.0f"),
-                      "-" if candidate.mfu is None else f"{candidate.mfu * 100:.0f} %",
+                      "-" if candidate.mfu is None else f"{candidate.mfu * 100:.0f} %", techniques,
                       ", ".join(candidate.changes_math) or "no")
     console.print(table)
+    if marked:
+        console.print(legend(report.device))
     for rank, (candidate, path) in enumerate(zip(result.ranked, paths), 1):
         exact = "exact estimate" if candidate.exact else "composed"
         console.print(f"{rank}: {_train_flags(candidate.plan, launch or report.model)}  ({exact}"
@@ -76,6 +83,14 @@ def render_plan(report, paths: list[str | None], console, launch: Launch | None 
         console.print(f"note: {note}")
 
 
+def _techniques(candidate, device) -> tuple[str, bool]:
+    """The plan's techniques for the table, each never measured on the device's class with
+    a †; whether any was marked."""
+    names = techniques_of(candidate.plan)
+    unmeasured = never_measured(names, device) or ()
+    return ", ".join(n + ("†" if n in unmeasured else "") for n in names) or "-", bool(unmeasured)
+
+
 def candidate_json(candidate, model: str | Launch, path: str | None, device_kind: str) -> dict:
     nan_free = {k: (None if isinstance(v, float) and math.isnan(v) else v)
                 for k, v in (("step_s", candidate.step_s), ("tokens_per_s", candidate.tokens_per_s),
@@ -87,7 +102,8 @@ def candidate_json(candidate, model: str | Launch, path: str | None, device_kind
             "source": "predicted", "changes_math": list(candidate.changes_math),
             "flags": _train_flags(candidate.plan, model), "plan_file": path,
             "not_installed_here": [{"flag": p.flag, "module": p.module, "pip": p.pip}
-                                   for p in missing_here(candidate.plan, device_kind)]}
+                                   for p in missing_here(candidate.plan, device_kind)],
+            "techniques": list(techniques_of(candidate.plan))}
 
 
 def plan_json(report, paths: list[str | None], emitted, launch: Launch | None = None) -> dict:
@@ -104,6 +120,9 @@ def plan_json(report, paths: list[str | None], emitted, launch: Launch | None = 
                               **candidate_json(c, launch or report.model, None, report.device.kind)}
                              for knob, c, line in report.why_lost],
             "notes": [*report.space.notes, *result.notes]}
+    for plan in (*data["plans"], *data["alternatives"]):
+        unmeasured = never_measured(tuple(plan["techniques"]), report.device)
+        plan["never_measured_on_device_class"] = None if unmeasured is None else list(unmeasured)
     if emitted:
         data["emit"] = {"text": emitted[0], "cannot_express": emitted[1]}
     return data
