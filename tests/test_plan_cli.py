@@ -212,6 +212,26 @@ def test_plan_auto_over_nodes_searches_and_sizes_the_batch_for_every_gpu_of_the_
     assert (given.gpus, given.global_batch, given.line) == (8, 48, None)
 
 
+def test_plan_auto_over_nodes_hands_the_search_the_jobs_gpus_though_nproc_was_given(monkeypatch):
+    # --nproc 4 is held fixed as this node's; the search over 8 GPUs must not refuse it.
+    from trainwise.api.plan_layouts import check_layout_request
+    from trainwise.api.auto_choice import resolve_auto
+
+    class Searched(Exception):
+        pass
+
+    def search(model, base, fixed, *, gpus, gpus_per_node, global_batch, **_):
+        check_layout_request(gpus, gpus_per_node, global_batch, base, frozenset(fixed))
+        raise Searched(gpus, gpus_per_node, global_batch, base.nproc)
+
+    monkeypatch.setattr(search_api, "plan_search", search)
+    request = AutoRequest(plan=True, batch=False, global_batch=None, margin=0.05, fixed=frozenset({"nproc"}),
+                          nnodes=2)
+    with pytest.raises(Searched) as searched:
+        resolve_auto(request, Plan(device="cpu", nproc=4), "tiny-llama", "cpu", None, False, say=lambda line: None)
+    assert searched.value.args == (8, 4, 64, 8)
+
+
 def test_plan_auto_bounds_its_default_batch_by_the_rows_the_data_holds():
     from trainwise.api.auto_choice import search_scope
     from trainwise.common.errors import InputError

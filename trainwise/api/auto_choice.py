@@ -85,7 +85,8 @@ def _searched(request: AutoRequest, plan: Plan, model: str, device_name: str, ta
     if scope.line:
         say(scope.line)
     with (progress if progress is not None else nullcontext(silent)) as shown:
-        report = plan_search(model, plan.replace(device=device_name), request.fixed | {"device"},
+        # The search's --nproc is the job's GPUs (a --nproc the user gave is this node's).
+        report = plan_search(model, plan.replace(device=device_name, nproc=scope.gpus), request.fixed | {"device"},
                              top=max(1, request.verify), global_batch=scope.global_batch, margin=request.margin,
                              gpus=scope.gpus, gpus_per_node=scope.gpus_per_node, task=task,
                              trust_remote_code=trust_remote_code, progress=shown,
