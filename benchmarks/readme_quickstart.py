@@ -55,6 +55,9 @@ def marker(name: str) -> tuple[str, str]:
     return f"<!-- quickstart:{name} (written by benchmarks/readme_quickstart.py) -->", f"<!-- /quickstart:{name} -->"
 
 
+PROGRESS_LINE = re.compile(r"^[a-z][\w ,()]*: \d+/\d+$")
+
+
 def run(argv: list[str], workdir: Path, cache: Path) -> str:
     """What `trainwise ARGV` prints in `workdir` (stdout and stderr interleaved), as shown in the README."""
     env = {**os.environ, "COLUMNS": COLUMNS, "TRAINWISE_CACHE": str(cache), "HF_HUB_OFFLINE": "1",
@@ -64,7 +67,9 @@ def run(argv: list[str], workdir: Path, cache: Path) -> str:
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1800)
     if done.returncode != 0:
         raise RuntimeError(f"trainwise {' '.join(argv)} exited {done.returncode}:\n{done.stdout}")
-    lines = [line.rstrip() for line in done.stdout.splitlines() if not line.startswith("[W")]
+    # A search's progress lines (printed off a terminal) are a bar a terminal clears.
+    lines = [line.rstrip() for line in done.stdout.splitlines()
+             if not line.startswith("[W") and not PROGRESS_LINE.match(line)]
     text = "\n".join(lines).strip("\n").replace(str(workdir), ".")
     return f"$ trainwise {' '.join(argv)}\n{text}"
 
