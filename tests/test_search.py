@@ -298,3 +298,34 @@ def test_an_alternative_faster_once_estimated_exactly_becomes_the_pick():
     assert result.ranked[0].plan.optim == "adamw" and result.ranked[0].exact
     (_, other, line), = lines
     assert other.plan.optim == "adamw-fused" and line.startswith("optimizer adamw-fused: -20.0 % tokens/s")
+
+
+def test_no_why_not_line_reads_faster_after_several_optimistic_screened_plans_of_one_group():
+    # Three screened adamw plans read faster than the winner; each, once exact, is slower. Two
+    # rounds of confirmation left the third's "+" line (a faster plan that lost).
+    from trainwise.planner.compose import Measure
+    from trainwise.planner.search import candidate_of
+    from trainwise.planner.why_lost import confirmed_alternatives
+
+    result, device, evaluator, evaluated = _why_not_setup(exact_step_s=1.05)
+    for batch, step in ((2, 1 / 1.08), (1, 1 / 1.06)):  # 4 samples per step, as the winner's
+        plan = result.ranked[0].plan.replace(optim="adamw", batch_size=batch, grad_accum=4 // batch)
+        result.screened.append(candidate_of(plan, Measure(memory_bytes=10 * 2**30, step_s=step), device, exact=False))
+    lines = confirmed_alternatives(result, list(result.screened), ("optim",), device, evaluator)
+    (_, other, line), = lines
+    assert line.startswith("optimizer adamw: -") and other.exact, line
+
+
+def test_a_refined_plans_breakdown_is_its_own_step_not_its_bases():
+    # A "why not" line names the category that grew most: a composed Liger plan 20 % faster
+    # must not show its base's (slower) categories.
+    from trainwise.hardware import resolve_device
+    from trainwise.planner.compose import Measure
+    from trainwise.planner.search import candidate_of
+
+    base = candidate_of(Plan(device="H100", batch_size=4, seq_len=128),
+                        Measure(memory_bytes=2**30, step_s=1.0, breakdown={"matmul": 0.6, "elementwise": 0.4}),
+                        resolve_device("H100"), exact=False)
+    liger = refine.REFINEMENTS[[r.name for r in refine.REFINEMENTS].index("Liger kernels")]
+    refined = refine._refined(base, liger, refine.Effect(freed_per_sample=0.0, time_factor=0.8))
+    assert refined.step_s == pytest.approx(0.8) and sum(refined.breakdown.values()) == pytest.approx(0.8)

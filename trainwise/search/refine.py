@@ -207,7 +207,11 @@ def _refined(candidate: Candidate, refinement: Refinement, effect: Effect) -> Ca
     """A screened candidate with the refinement's measured effect applied (composed, not exact)."""
     step = candidate.step_s * effect.time_factor
     memory = int(candidate.memory_bytes - effect.freed_per_sample * candidate.plan.batch_size)
+    # The breakdown scales with the step, so that a "why not" line naming the category that
+    # grew most reads the refined plan's time, not its base's.
+    breakdown = {k: v * effect.time_factor for k, v in candidate.breakdown.items()}
     return replace(candidate, plan=candidate.plan.replace(**refinement.changes), memory_bytes=memory, step_s=step,
+                   breakdown=breakdown,
                    tokens_per_s=candidate.tokens_per_s / effect.time_factor,
                    samples_per_s=candidate.samples_per_s / effect.time_factor, exact=False,
                    mfu=candidate.mfu / effect.time_factor if candidate.mfu else candidate.mfu)

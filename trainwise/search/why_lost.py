@@ -13,6 +13,9 @@ from trainwise.common.units import human_bytes
 from trainwise.search.candidate import Candidate
 from trainwise.search.screen_and_confirm import Evaluator, SearchResult, candidate_of, fits, rank_key
 
+# Rounds of exact estimates of the alternatives that read better than the winner: each round
+# replaces them by their exact figures, and the group's next screened plan may then read better.
+CONFIRM_ROUNDS = 4
 LAYOUT_KNOBS = ("dp", "fsdp", "zero", "cpu_offload", "tp", "sequence_parallel", "pp", "pp_schedule", "microbatches")
 
 
@@ -53,7 +56,7 @@ def confirmed_alternatives(result: SearchResult, judged: list[Candidate], knobs:
     better than the winner: a screen's figure is composed from neighbouring plans and can be
     optimistic, and a line saying a faster plan lost contradicts the ranking. One that is
     still better once exact joins the ranked plans and wins (`result` is updated)."""
-    for _ in range(2):  # a new winner has alternatives of its own, once more
+    for _ in range(CONFIRM_ROUNDS):  # a new winner, or the next screened plan of a group, may read better
         winner = result.ranked[0]
         lines = alternatives(winner, judged, result.usable_bytes, result.timed, knobs)
         doubtful = [c for _, c, _ in lines if not c.exact and fits(c, result.usable_bytes)
