@@ -56,7 +56,8 @@ def render_plan(report, paths: list[str | None], console, launch: Launch | None 
     table = Table(show_header=True, header_style="bold")
     for column in ("#", "device memory (predicted)", "step (s, predicted)", "tokens/s (job, predicted)",
                    "tokens/s per GPU (predicted)", "MFU (predicted)", "techniques", "changes math"):
-        table.add_column(column)
+        # A narrow terminal folds the techniques rather than cut them (a cut would hide a †).
+        table.add_column(column, overflow="fold" if column == "techniques" else "ellipsis")
     marked = False
     for rank, candidate in enumerate(result.ranked, 1):
         techniques, marks = _techniques(candidate, report.device)
