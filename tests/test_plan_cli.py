@@ -328,3 +328,13 @@ def test_the_install_lines_ask_for_the_versions_of_the_gpu_extra():
     extra = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]["gpu"]
     assert {LIGER.pip, TORCHAO.pip, BITSANDBYTES.pip} <= set(extra)
+
+
+def test_a_global_batch_given_beyond_the_datas_rows_searches_micro_batches_the_data_can_fill(monkeypatch):
+    # --global-batch 16 on 6 sequences: micro-batch 16 would be refused by the data after the search.
+    from trainwise.api.plan import plan_search
+
+    report = plan_search("tiny-llama", Plan(device="H100", seq_len=64), {"seq_len", "device"}, global_batch=16,
+                         evaluator=formula, rows=6)
+    assert {mb for mb, _ in report.space.batches} == {1, 2, 4}
+    assert all(c.plan.batch_size <= 6 for c in report.result.ranked)

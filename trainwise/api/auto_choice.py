@@ -90,7 +90,7 @@ def _searched(request: AutoRequest, plan: Plan, model: str, device_name: str, ta
                              top=max(1, request.verify), global_batch=scope.global_batch, margin=request.margin,
                              gpus=scope.gpus, gpus_per_node=scope.gpus_per_node, task=task,
                              trust_remote_code=trust_remote_code, progress=shown,
-                             installed_only=request.installed_only is not False)
+                             installed_only=request.installed_only is not False, rows=request.rows)
     best = report.result.ranked[0]
     if request.verify:
         best = _measured_best(request, report, model, say)

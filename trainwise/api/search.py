@@ -129,11 +129,13 @@ def plan_search(model: str | ModelSpec, base: Plan, fixed: set[str] | frozenset[
                 gpus_per_node: int | None = None, inter_node_gbps: float | None = None, top: int = 3,
                 margin: float = DEFAULT_MARGIN, profile=None, task: str | None = None,
                 trust_remote_code: bool = False, evaluator: Evaluator | None = None,
-                progress: Progress = silent, installed_only: bool | None = None) -> PlanReport:
+                progress: Progress = silent, installed_only: bool | None = None,
+                rows: int | None = None) -> PlanReport:
     """Search every plan for `model` on `base.device` x `gpus`; the best `top` that fit.
     `progress` hears how far the screen and the confirmation have got. `installed_only`:
     search only techniques whose packages are installed here (None: when the device is this
-    machine's, the CPU or a GPU present; a catalog GPU's run may be elsewhere)."""
+    machine's, the CPU or a GPU present; a catalog GPU's run may be elsewhere). `rows`: the
+    sequences the training data holds at least, which bound the micro-batch per replica."""
     started = time.perf_counter()
     fixed = frozenset(fixed)
     check_search_request(gpus, top, margin, base, fixed, global_batch)
@@ -150,7 +152,8 @@ def plan_search(model: str | ModelSpec, base: Plan, fixed: set[str] | frozenset[
     _check_fixed(base, fixed, device, spec)
     space = build_space(base, fixed, device, allow, global_batch, data_parallel=_fixed_data_parallel(base, fixed),
                         flash_refusal=attention_refusal("flash", device, spec, here=installed_only),
-                        attention_refusals=_attention_refusals(device, spec), installed_only=installed_only)
+                        attention_refusals=_attention_refusals(device, spec), installed_only=installed_only,
+                        rows=rows)
     topology = {"gpus_per_node": gpus_per_node, "inter_node_gbps": inter_node_gbps} if gpus > 1 else {}
     evaluator = evaluator or estimate_evaluator(spec, profile, **topology)
     extra, notes = (layout_candidates(spec, space, device, profile, gpus, gpus_per_node, inter_node_gbps,

@@ -80,7 +80,8 @@ def math_changes(plan: Plan, device: Device) -> tuple[str, ...]:
 
 def build_space(base: Plan, fixed: frozenset[str], device: Device, allow: frozenset[str],
                 global_batch: int | None, data_parallel: int = 1, flash_refusal: str | None = "not checked",
-                attention_refusals: dict[str, str] | None = None, installed_only: bool = False) -> Space:
+                attention_refusals: dict[str, str] | None = None, installed_only: bool = False,
+                rows: int | None = None) -> Space:
     """The space for `base` on `device`. `flash_refusal`/`attention_refusals`: why a kernel
     cannot run (from the model's attention rules), so it is left out with a note."""
     notes = []
@@ -103,6 +104,13 @@ def build_space(base: Plan, fixed: frozenset[str], device: Device, allow: frozen
         notes.append(f"flash attention not searched: {flash_refusal}")
     choices["attention"] = _pick(base, fixed, "attention", tuple(kernels))
     batches = batch_options(base, fixed, global_batch, data_parallel)
+    if rows is not None:  # each replica's micro-batch takes rows of its own
+        kept = tuple(b for b in batches if b[0] * data_parallel <= rows)
+        if not kept:
+            raise InputError("--data", f"holds about {rows} sequence(s): too few for a micro-batch of "
+                                       f"{min(b[0] for b in batches)} on each of {data_parallel} replica(s); "
+                                       "lower --seq-len, --batch-size or add data")
+        batches = kept
     return Space(base=base, fixed=fixed, allow=allow, global_batch=global_batch, data_parallel=data_parallel,
                  batches=batches, choices=choices, notes=tuple(notes), installed_only=installed_only)
 
