@@ -214,7 +214,7 @@ def test_plan_auto_over_nodes_searches_and_sizes_the_batch_for_every_gpu_of_the_
 
 def test_plan_auto_over_nodes_hands_the_search_the_jobs_gpus_though_nproc_was_given(monkeypatch):
     # --nproc 4 is held fixed as this node's; the search over 8 GPUs must not refuse it.
-    from trainwise.api.plan_layouts import check_layout_request
+    from trainwise.api.search_layouts import check_layout_request
     from trainwise.api.auto_choice import resolve_auto
 
     class Searched(Exception):
@@ -332,7 +332,7 @@ def test_the_install_lines_ask_for_the_versions_of_the_gpu_extra():
 
 def test_a_global_batch_given_beyond_the_datas_rows_searches_micro_batches_the_data_can_fill(monkeypatch):
     # --global-batch 16 on 6 sequences: micro-batch 16 would be refused by the data after the search.
-    from trainwise.api.plan import plan_search
+    from trainwise.api.search import plan_search
 
     report = plan_search("tiny-llama", Plan(device="H100", seq_len=64), {"seq_len", "device"}, global_batch=16,
                          evaluator=formula, rows=6)

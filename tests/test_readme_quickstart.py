@@ -46,8 +46,8 @@ def test_the_readme_quickstart_blocks_are_what_the_commands_print_now():
 
 
 def test_the_search_progress_lines_are_left_out_as_a_terminal_clears_its_bar():
-    from trainwise.api.plan_layouts import LAYOUT_SCREENING
-    from trainwise.planner.search import CONFIRMING, SCREENING
+    from trainwise.api.search_layouts import LAYOUT_SCREENING
+    from trainwise.search.screen_and_confirm import CONFIRMING, SCREENING
 
     assert all(quickstart.PROGRESS_LINE.match(f"{what}: 3/16") for what in (SCREENING, CONFIRMING, LAYOUT_SCREENING))
     assert not quickstart.PROGRESS_LINE.match("step 2/20  loss 6.8972")

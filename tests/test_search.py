@@ -303,9 +303,9 @@ def test_an_alternative_faster_once_estimated_exactly_becomes_the_pick():
 def test_no_why_not_line_reads_faster_after_several_optimistic_screened_plans_of_one_group():
     # Three screened adamw plans read faster than the winner; each, once exact, is slower. Two
     # rounds of confirmation left the third's "+" line (a faster plan that lost).
-    from trainwise.planner.compose import Measure
-    from trainwise.planner.search import candidate_of
-    from trainwise.planner.why_lost import confirmed_alternatives
+    from trainwise.search.compose import Measure
+    from trainwise.search.screen_and_confirm import candidate_of
+    from trainwise.search.why_lost import confirmed_alternatives
 
     result, device, evaluator, evaluated = _why_not_setup(exact_step_s=1.05)
     for batch, step in ((2, 1 / 1.08), (1, 1 / 1.06)):  # 4 samples per step, as the winner's
@@ -320,8 +320,8 @@ def test_a_refined_plans_breakdown_is_its_own_step_not_its_bases():
     # A "why not" line names the category that grew most: a composed Liger plan 20 % faster
     # must not show its base's (slower) categories.
     from trainwise.hardware import resolve_device
-    from trainwise.planner.compose import Measure
-    from trainwise.planner.search import candidate_of
+    from trainwise.search.compose import Measure
+    from trainwise.search.screen_and_confirm import candidate_of
 
     base = candidate_of(Plan(device="H100", batch_size=4, seq_len=128),
                         Measure(memory_bytes=2**30, step_s=1.0, breakdown={"matmul": 0.6, "elementwise": 0.4}),

@@ -36,6 +36,14 @@ def resolve_auto(request: AutoRequest, plan: Plan, model: str, device_name: str,
     return picked.plan.replace(device=plan.device)
 
 
+def data_rows(run_config, seq_len: int) -> int | None:
+    """The sequences of `seq_len` tokens the run's data holds at least, when cheap to know
+    before the search (engine/data/row_count.py); None when not."""
+    from trainwise.engine.data.row_count import rows_at_least
+
+    return rows_at_least(run_config.data, run_config.tokenizer, run_config.chat, seq_len)
+
+
 @dataclass(frozen=True)
 class SearchScope:
     """What `--plan auto` searches: the job's GPUs (all nodes), GPUs per node when there

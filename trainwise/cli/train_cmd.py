@@ -103,10 +103,10 @@ def _request(args):
         if run_config.chat:  # its chat template, before seconds of search
             chat_tokenizer(run_config.tokenizer)
         if auto.plan:
-            from trainwise.engine.data.row_count import rows_at_least
+            from trainwise.api.auto_choice import data_rows
 
             auto.nnodes = run_config.nnodes
-            auto.rows = rows_at_least(run_config.data, run_config.tokenizer, run_config.chat, plan.seq_len)
+            auto.rows = data_rows(run_config, plan.seq_len)
 
         plan = resolve_auto(auto, plan, args.model or DEFAULT_MODEL,
                             device_name_for_estimate(runtime_device(plan.device, explicit=explicit)),
