@@ -179,6 +179,16 @@ def test_a_bad_flag_or_missing_file_is_answered_before_torch_is_imported(argv, f
     assert field in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("argv, field", [
+    (["estimate", "tiny-llama", "--device", "A100-40XB"], "--device"),
+    (["estimate", "tiny-llama", "--precision", "fp33"], "--precision"),
+    (["estimate", "tiny-llama", "--plan", "auto"], "--plan"),
+])
+def test_estimate_answers_a_bad_flag_before_torch_is_imported(argv, field, tmp_path):
+    """torch and transformers take seconds to import: a typo costs a fraction of one."""
+    test_a_bad_flag_or_missing_file_is_answered_before_torch_is_imported(argv, field, tmp_path)
+
+
 def test_chat_checks_its_tokenizer_before_the_plan_search(tmp_path, capsys, monkeypatch):
     from test_chat_data import CONVERSATION, chat_tokenizer_dir, write_jsonl
 

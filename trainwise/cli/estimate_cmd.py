@@ -41,16 +41,10 @@ def register(commands) -> None:
 
 def run(args) -> int:
     from trainwise.cli.chart_file import check_chart_path
+    from trainwise.cli.train_auto import resolve_auto, take_auto_request
+    from trainwise.hardware.resolve import resolve_device
 
     chart = check_chart_path(args.chart) if args.chart else None  # refused before any work
-    from rich.console import Console
-
-    from trainwise.api import estimate
-    from trainwise.cli.output import print_json
-    from trainwise.cli.render_estimate import render_estimate
-    from trainwise.cli.render_foreign import render_foreign
-    from trainwise.cli.train_auto import resolve_auto, take_auto_request
-
     per_node = number_option(args, "gpus_per_node")
     inter_node = number_option(args, "inter_node_gbps", float, 0)
     auto = take_auto_request(args)
@@ -59,7 +53,17 @@ def run(args) -> int:
         raise InputError("--plan", "auto is for `trainwise train`; to search plans use `trainwise plan`")
     foreign = read_foreign(args)
     plan = plan_from_args(args, foreign.values if foreign else None)
+    if not plan.device.strip().lower().startswith("cuda"):  # "cuda" is the GPU present: detected once, later
+        resolve_device(plan.device)  # an unknown --device is refused here, not after seconds of imports
     per_node = per_node or (foreign.gpus_per_node if foreign else None)
+    # torch and transformers (seconds of a cold start) only once the flags are known good.
+    from rich.console import Console
+
+    from trainwise.api import estimate
+    from trainwise.cli.output import print_json
+    from trainwise.cli.render_estimate import render_estimate
+    from trainwise.cli.render_foreign import render_foreign
+
     plan = resolve_auto(auto, plan, args.model, plan.device, args.task, args.trust_remote_code)
     result = estimate(args.model, plan, task=args.task, trust_remote_code=args.trust_remote_code,
                       profile=args.profile, gpus_per_node=per_node, inter_node_gbps=inter_node)
