@@ -183,8 +183,11 @@ def test_a_bad_flag_or_missing_file_is_answered_before_torch_is_imported(argv, f
     (["estimate", "tiny-llama", "--device", "A100-40XB"], "--device"),
     (["estimate", "tiny-llama", "--precision", "fp33"], "--precision"),
     (["estimate", "tiny-llama", "--plan", "auto"], "--plan"),
+    (["plan", "tiny-llama", "--device", "A100-40XB"], "--device"),
+    (["plan", "tiny-llama", "--precision", "fp33"], "--precision"),
+    (["plan", "tiny-llama", "--global-batch", "0"], "--global-batch"),
 ])
-def test_estimate_answers_a_bad_flag_before_torch_is_imported(argv, field, tmp_path):
+def test_estimate_and_plan_answer_a_bad_flag_before_torch_is_imported(argv, field, tmp_path):
     """torch and transformers take seconds to import: a typo costs a fraction of one."""
     test_a_bad_flag_or_missing_file_is_answered_before_torch_is_imported(argv, field, tmp_path)
 

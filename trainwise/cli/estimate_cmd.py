@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from trainwise.cli.flags import add_auto_batch_flags, add_knob_flags, number_option, plan_from_args, section
+from trainwise.cli.flags import (add_auto_batch_flags, add_knob_flags, check_device_name, number_option, plan_from_args,
+                                 section)
 
 
 def register(commands) -> None:
@@ -42,7 +43,6 @@ def register(commands) -> None:
 def run(args) -> int:
     from trainwise.cli.chart_file import check_chart_path
     from trainwise.cli.train_auto import resolve_auto, take_auto_request
-    from trainwise.hardware.resolve import resolve_device
 
     chart = check_chart_path(args.chart) if args.chart else None  # refused before any work
     per_node = number_option(args, "gpus_per_node")
@@ -53,8 +53,7 @@ def run(args) -> int:
         raise InputError("--plan", "auto is for `trainwise train`; to search plans use `trainwise plan`")
     foreign = read_foreign(args)
     plan = plan_from_args(args, foreign.values if foreign else None)
-    if not plan.device.strip().lower().startswith("cuda"):  # "cuda" is the GPU present: detected once, later
-        resolve_device(plan.device)  # an unknown --device is refused here, not after seconds of imports
+    check_device_name(plan)
     per_node = per_node or (foreign.gpus_per_node if foreign else None)
     # torch and transformers (seconds of a cold start) only once the flags are known good.
     from rich.console import Console

@@ -6,7 +6,7 @@ import sys
 
 from trainwise.cli.flags import (add_auto_batch_flags, add_installed_only_flag, add_knob_flags, explicit_knobs,
                                  number_option, section, take_auto_batch)
-from trainwise.cli.flags import plan_from_args
+from trainwise.cli.flags import check_device_name, plan_from_args
 from trainwise.cli.verify_args import add_verify_arguments, verify_count
 
 
@@ -74,10 +74,6 @@ def run(args) -> int:
     chart = check_chart_path(args.chart) if args.chart else None  # refused before any work
     import warnings
 
-    from rich.console import Console
-
-    from trainwise.api.emit import check_emit_target, emit_best
-    from trainwise.api.search import parse_allow, plan_search
     from trainwise.cli.output import print_json
     from trainwise.cli.progress_bar import progress_bar
     from trainwise.cli.render_plan import plan_json, render_plan, write_outputs
@@ -88,12 +84,20 @@ def run(args) -> int:
     take_auto_batch(args)  # auto is what the search does with a micro-batch it is not given
     verify = verify_count(args)  # a bad value is refused before the search
     fixed = explicit_knobs(args)
-    search_args = dict(allow=parse_allow(args.allow), global_batch=number_option(args, "global_batch"),
-                       gpus=number_option(args, "gpus", minimum=1), top=number_option(args, "top", minimum=1),
-                       gpus_per_node=number_option(args, "gpus_per_node"),
-                       inter_node_gbps=number_option(args, "inter_node_gbps", float, 0),
-                       margin=number_option(args, "memory_margin", float, 0), installed_only=args.installed_only)
+    numbers = dict(global_batch=number_option(args, "global_batch"),
+                   gpus=number_option(args, "gpus", minimum=1), top=number_option(args, "top", minimum=1),
+                   gpus_per_node=number_option(args, "gpus_per_node"),
+                   inter_node_gbps=number_option(args, "inter_node_gbps", float, 0),
+                   margin=number_option(args, "memory_margin", float, 0), installed_only=args.installed_only)
     plan = plan_from_args(args)
+    check_device_name(plan)
+    # torch and transformers (seconds of a cold start) only once the flags above are known good.
+    from rich.console import Console
+
+    from trainwise.api.emit import check_emit_target, emit_best
+    from trainwise.api.search import parse_allow, plan_search
+
+    search_args = dict(allow=parse_allow(args.allow), **numbers)
     launch = launch_from_args(args)  # a bad value is refused before the search
     check_emit_target(args.emit, args.model)  # e.g. a model torchtitan has no flavor of, before the search
     if verify:
