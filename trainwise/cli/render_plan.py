@@ -11,6 +11,7 @@ import yaml
 
 from trainwise.common.atomic import atomic_write_text
 from trainwise.common.units import human_bytes
+from trainwise.search.ties import TIE_NOTE
 
 if TYPE_CHECKING:  # api/ is imported on use: its package imports the estimate (torch)
     from trainwise.api.emit import Launch
@@ -75,6 +76,8 @@ def render_plan(report, paths: list[str | None], console, launch: Launch | None 
                       + (f"; plan file {path})" if path else ")"), soft_wrap=True)
         for package in missing_here(candidate.plan, report.device.kind):
             console.print(f"   {package.flag} {package.need}", soft_wrap=True)
+        for note in candidate.notes:  # a confirmed plan's notes: why it is ranked where it is (a tie)
+            console.print(f"{rank}: {note}", soft_wrap=True)
     if not result.timed:
         console.print("ranked without a time prediction (no step-time model or device profile for this device): "
                       "largest micro-batch first, then without recomputation, not eager attention, least memory")
@@ -100,7 +103,7 @@ def candidate_json(candidate, model: str | Launch, path: str | None, device_kind
                              ("samples_per_s_per_gpu", candidate.samples_per_s_per_gpu))}
     return {"plan": candidate.plan.to_dict(), "memory_bytes": candidate.memory_bytes, **nan_free,
             "gpus": candidate.gpus, "mfu": candidate.mfu, "breakdown": candidate.breakdown, "exact": candidate.exact,
-            "source": "predicted", "changes_math": list(candidate.changes_math),
+            "source": "predicted", "changes_math": list(candidate.changes_math), "notes": list(candidate.notes),
             "flags": _train_flags(candidate.plan, model), "plan_file": path,
             "not_installed_here": [{"flag": p.flag, "module": p.module, "pip": p.pip}
                                    for p in missing_here(candidate.plan, device_kind)],

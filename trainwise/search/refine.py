@@ -28,7 +28,7 @@ from trainwise.common.errors import InputError
 from trainwise.hardware import Device
 from trainwise.hardware.installation import LIGER, TORCHAO, TRITON, Package, installed
 from trainwise.search.candidate import Candidate
-from trainwise.search.screen_and_confirm import Evaluator, SearchResult, candidate_of, confirm, fits, rank_key
+from trainwise.search.screen_and_confirm import Evaluator, SearchResult, candidate_of, confirm, fits, rank_key, ranking
 from trainwise.search.space import NOT_HERE, Space
 from trainwise.plan.plan import Plan
 from trainwise.techniques.float8 import float8_plan_problem
@@ -161,8 +161,8 @@ def refine(result: SearchResult, space: Space, device: Device, evaluator: Evalua
         confirmed, count = confirm(hopeful, device, evaluator, result.usable_bytes, True, 1)
         evaluations += count
         screened += composed
-        ranked = sorted({c.plan: c for c in ranked + measured + confirmed if fits(c, result.usable_bytes)}.values(),
-                        key=lambda c: rank_key(c, True))[:top]
+        kept = {c.plan: c for c in ranked + measured + confirmed if fits(c, result.usable_bytes)}
+        ranked = ranking(list(kept.values()), device, True)[:top]
     if refinements_for(space, device):
         notes.append("composed from exact estimates around the confirmed plans: "
                      + ", ".join(r.name for r in refinements_for(space, device)))

@@ -9,12 +9,13 @@ its kind from the screen, so the search steps down to the next size."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from trainwise.common.errors import InputError
 from trainwise.common.progress import Progress, silent
 from trainwise.hardware import Device
+from trainwise.search import ties
 from trainwise.search.candidate import Candidate
 from trainwise.search.compose import Measure, composed
 from trainwise.search.space import TRACE_KNOBS, Space, math_changes
@@ -171,14 +172,17 @@ def search(space: Space, device: Device, evaluator: Evaluator, *, capacity_bytes
 
 def confirm(screened: list[Candidate], device: Device, evaluator: Evaluator, usable: int | None, timed: bool,
             top: int, progress: Progress = silent) -> tuple[list[Candidate], int]:
-    """Evaluate the best screened plans exactly until `top` fit; a plan that misses drops
+    """Evaluate the best screened plans exactly (in the tie rule's order) until `top` fit; a plan that misses drops
     every screened plan of its kind with as large a micro-batch (the step down)."""
     pending = sorted((c for c in screened if fits(c, usable)), key=lambda c: rank_key(c, timed))
     confirmed: list[Candidate] = []
     evaluations = 0
+    error = ties.measured_error(device.kind) if timed else None
     while pending and len(confirmed) < top and evaluations < top + SPARE_CONFIRMATIONS:
         progress(len(confirmed), top, CONFIRMING)
-        best = pending.pop(0)
+        # The simplest plan tied with the fastest is confirmed first: it is the one ranked first.
+        best = ties.first(pending, error)
+        pending = [c for c in pending if c.plan != best.plan]
         evaluations += 1
         exact = candidate_of(best.plan, evaluator(best.plan), device, exact=True)
         if fits(exact, usable):
@@ -187,8 +191,16 @@ def confirm(screened: list[Candidate], device: Device, evaluator: Evaluator, usa
         kind = _kind(best.plan)
         pending = [c for c in pending if not (_kind(c.plan) == kind and c.plan.batch_size >= best.plan.batch_size)]
     progress(top, top, CONFIRMING)
-    confirmed.sort(key=lambda c: rank_key(c, timed))
-    return confirmed, evaluations
+    return ranking(confirmed, device, timed), evaluations
+
+
+def ranking(candidates: list[Candidate], device: Device, timed: bool) -> list[Candidate]:
+    """Best first by `rank_key`; with a time prediction, plans tied within the time model's
+    measured error on this kind of device are ordered simplest first (search/ties.py)."""
+    # A tie note of an earlier ordering is dropped: the order is made afresh.
+    plain = [replace(c, notes=tuple(n for n in c.notes if not n.startswith(ties.TIE_NOTE))) for c in candidates]
+    ordered = sorted(plain, key=lambda c: rank_key(c, timed))
+    return ties.order(ordered, ties.measured_error(device.kind)) if timed else ordered
 
 
 def _kind(plan: Plan) -> tuple:
@@ -209,5 +221,5 @@ def data_parallel_of(plan: Plan) -> int:
     return resolve_layout(plan).data_parallel
 
 
-__all__ = ["Evaluator", "SearchResult", "search", "screen", "confirm", "rank_key", "fits", "smallest",
+__all__ = ["Evaluator", "SearchResult", "search", "screen", "confirm", "rank_key", "ranking", "fits", "smallest",
            "traced_sizes", "TRACE_KNOBS", "DEFAULT_MARGIN"]

@@ -11,7 +11,7 @@ import math
 
 from trainwise.common.units import human_bytes
 from trainwise.search.candidate import Candidate
-from trainwise.search.screen_and_confirm import Evaluator, SearchResult, candidate_of, fits, rank_key
+from trainwise.search.screen_and_confirm import Evaluator, SearchResult, candidate_of, fits, rank_key, ranking
 
 # Rounds of exact estimates of the alternatives that read better than the winner: each round
 # replaces them by their exact figures, and the group's next screened plan may then read better.
@@ -59,15 +59,17 @@ def confirmed_alternatives(result: SearchResult, judged: list[Candidate], knobs:
     for _ in range(CONFIRM_ROUNDS):  # a new winner, or the next screened plan of a group, may read better
         winner = result.ranked[0]
         lines = alternatives(winner, judged, result.usable_bytes, result.timed, knobs)
+        # Faster but tied with a simpler winner (search/ties.py) is no contradiction: it lost by the rule.
         doubtful = [c for _, c, _ in lines if not c.exact and fits(c, result.usable_bytes)
-                    and rank_key(c, result.timed) < rank_key(winner, result.timed)]
+                    and rank_key(c, result.timed) < rank_key(winner, result.timed)
+                    and ranking([c, winner], device, result.timed)[0].plan == c.plan]
         if not doubtful:
             return lines
         exact = {c.plan: candidate_of(c.plan, evaluator(c.plan), device, exact=True) for c in doubtful}
         result.evaluations += len(exact)
         judged = [exact.get(c.plan, c) for c in judged]
         better = [c for c in exact.values() if fits(c, result.usable_bytes)]
-        result.ranked = sorted([*result.ranked, *better], key=lambda c: rank_key(c, result.timed))[:len(result.ranked)]
+        result.ranked = ranking([*result.ranked, *better], device, result.timed)[:len(result.ranked)]
     return alternatives(result.ranked[0], judged, result.usable_bytes, result.timed, knobs)
 
 
@@ -88,7 +90,10 @@ def why_lost(winner: Candidate, other: Candidate, usable: int | None, timed: boo
                 f"{other.plan.batch_size} against {winner.plan.batch_size} (no time prediction)")
     loss = 1 - other.tokens_per_s / winner.tokens_per_s
     how = "predicted" if other.exact else "predicted by the screen, not confirmed"
-    return f"{label}: {-loss * 100:+.1f} % tokens/s{_biggest_difference(winner, other)}, {how}"
+    # A faster alternative that lost was tied with the simpler winner (confirmed_alternatives
+    # made any other one the winner).
+    tie = "; tied with the pick within the time model's measured error, and the pick is simpler" if loss < 0 else ""
+    return f"{label}: {-loss * 100:+.1f} % tokens/s{_biggest_difference(winner, other)}, {how}{tie}"
 
 
 def _biggest_difference(winner: Candidate, other: Candidate) -> str:

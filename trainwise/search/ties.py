@@ -1,0 +1,97 @@
+"""The tie rule: plans whose predicted speeds differ by less than the step-time model's
+measured error are tied, and the simpler one is ranked first.
+
+The error is measured, not chosen: `tie_error.json` beside this file holds, per device
+kind, the median error of one plan's predicted time relative to the other plans of its
+model and sequence length, from the committed results (benchmarks/tie_error.py writes it;
+tests/test_search_ties.py holds it to that script's output). Simpler: no change of the
+training math first, then fewer techniques (knobs moved from trainwise's defaults), then
+the faster."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from functools import lru_cache
+from pathlib import Path
+
+from trainwise.search.candidate import Candidate
+from trainwise.plan.plan import Plan
+
+# The knobs that are techniques: a plan that moves fewer of them from the Plan's default is
+# simpler (less to go wrong, to explain, to install). Batch shape and layout are not: the
+# request fixes what they must reach.
+TECHNIQUE_KNOBS = ("precision", "optim", "grad_ckpt", "grad_ckpt_policy", "grad_ckpt_every", "activation_offload",
+                   "attention", "loss", "compile", "compile_scope", "kernels", "float8", "lora_rank", "cpu_offload")
+TIE_NOTE = "tied with"
+
+
+@lru_cache(maxsize=None)
+def measured_error(device_kind: str) -> float | None:
+    """The time model's measured error within one search on `device_kind` (a fraction), or
+    None when no results measured it there (then no plans are tied)."""
+    figures = json.loads((Path(__file__).with_name("tie_error.json")).read_text())["figures"]
+    found = figures.get(device_kind)
+    return found["error_pct"] / 100 if found else None
+
+
+def techniques(plan: Plan) -> tuple[str, ...]:
+    """The technique knobs `plan` moves from the default Plan (and accumulation over 1)."""
+    default = Plan()
+    moved = tuple(k for k in TECHNIQUE_KNOBS if getattr(plan, k) != getattr(default, k))
+    return moved + (("grad_accum",) if plan.grad_accum > 1 else ())
+
+
+def simplicity(candidate: Candidate) -> tuple[bool, int]:
+    return bool(candidate.changes_math), len(techniques(candidate.plan))
+
+
+def tied(faster: Candidate, slower: Candidate, error: float) -> bool:
+    """Whether `faster`'s predicted lead over `slower` is within the measured error."""
+    return faster.tokens_per_s <= slower.tokens_per_s * (1 + error)
+
+
+def first(ranked: list[Candidate], error: float | None) -> Candidate:
+    """The simplest plan tied with `ranked[0]` (`ranked`: fastest first, not empty), with a
+    note naming the faster plan it was preferred to. Tied plans are a prefix of `ranked`, so
+    the scan stops at the first plan out of the error."""
+    fastest = ranked[0]
+    if not error:
+        return fastest
+    chosen = fastest
+    for candidate in ranked[1:]:
+        if not tied(fastest, candidate, error):
+            break
+        if simplicity(candidate) < simplicity(chosen):  # equally simple: the faster stays
+            chosen = candidate
+    return chosen if chosen is fastest else replace(chosen, notes=(*chosen.notes, tie_note(chosen, fastest, error)))
+
+
+def order(ranked: list[Candidate], error: float | None) -> list[Candidate]:
+    """`ranked` (fastest first) with the tie rule applied: each place goes to the simplest
+    plan tied with the fastest plan left."""
+    left, out = list(ranked), []
+    while left:
+        chosen = first(left, error)
+        left = [c for c in left if c.plan != chosen.plan]
+        out.append(chosen)
+    return out
+
+
+def tie_note(chosen: Candidate, faster: Candidate, error: float) -> str:
+    lead = (faster.tokens_per_s / chosen.tokens_per_s - 1) * 100
+    why = ("it keeps the training math" if simplicity(chosen)[0] < simplicity(faster)[0]
+           else f"{len(techniques(chosen.plan))} techniques against {len(techniques(faster.plan))}")
+    return (f"{TIE_NOTE} {difference(faster.plan, chosen.plan)} ({lead:+.1f} % tokens/s predicted, within the "
+            f"measured error ±{error * 100:.1f} %): ranked above it as the simpler plan ({why})")
+
+
+def difference(other: Plan, mine: Plan) -> str:
+    """`other` as the flags it differs from `mine` by, e.g. '--optim adamw-fused'."""
+    mine_values, parts = mine.to_dict(), []
+    for knob, value in other.to_dict().items():
+        if mine_values.get(knob) == value:
+            continue
+        flag = "--" + knob.replace("_", "-")
+        parts.append(flag if value is True else f"no {flag}" if value is False else f"{flag} {value}")
+    return "the plan with " + (" ".join(parts) or "the same knobs")
