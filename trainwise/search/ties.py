@@ -81,7 +81,7 @@ def order(ranked: list[Candidate], error: float | None) -> list[Candidate]:
 def tie_note(chosen: Candidate, faster: Candidate, error: float) -> str:
     lead = (faster.tokens_per_s / chosen.tokens_per_s - 1) * 100
     why = ("it keeps the training math" if simplicity(chosen)[0] < simplicity(faster)[0]
-           else f"{len(techniques(chosen.plan))} techniques against {len(techniques(faster.plan))}")
+           else f"{len(techniques(chosen.plan))} against {len(techniques(faster.plan))} techniques")
     return (f"{TIE_NOTE} {difference(faster.plan, chosen.plan)} ({lead:+.1f} % tokens/s predicted, within the "
             f"measured error ±{error * 100:.1f} %): ranked above it as the simpler plan ({why})")
 

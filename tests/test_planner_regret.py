@@ -1,0 +1,80 @@
+"""benchmarks/planner_regret.py: the groups it measures, the regret, Spearman and misordered
+pairs its page reports, and the page rendered from its rows file."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import planner_regret  # noqa: E402
+import provenance  # noqa: E402
+import render_planner_regret  # noqa: E402
+
+
+def test_the_groups_span_eight_searches_and_four_families_with_an_encoder_and_an_encoder_decoder():
+    from trainwise.models import resolve_model
+
+    specs = {g["model"]: resolve_model(g["model"]) for g in planner_regret.GROUPS}
+    assert len({planner_regret.group_name(g) for g in planner_regret.GROUPS}) >= 8
+    assert len({s.family for s in specs.values()}) >= 4 and all(s.tiny for s in specs.values())
+    tasks = {s.task for s in specs.values()}
+    assert "seq-cls" in tasks and "seq2seq" in tasks  # BERT-like and T5-like
+
+
+def test_an_unknown_group_is_refused_naming_the_closest(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        planner_regret.parse_args(["--groups", "tiny-bert/s64/gb9"])
+    assert exit_.value.code == 2
+    assert "did you mean tiny-bert/s64/gb8?" in capsys.readouterr().err
+
+
+def _plan(role: str, predicted: float, repeats: list[float], label: str = "") -> dict:
+    return {"role": role, "plan": {}, "label": label, "predicted_s": predicted, "exact": role != "drawn",
+            "changes_math": [], "notes": [], "repeats_s": repeats, "errors": []}
+
+
+def _group(name: str, plans: list[dict]) -> dict:
+    return {"name": name, "model": name.split("/")[0], "seq_len": 64, "global_batch": 8, "kept_fitting": 20,
+            "search_s": 3.0, "plans": plans}
+
+
+def test_regret_is_the_pick_over_the_fastest_measured_and_the_noise_and_misorders_are_named():
+    group = _group("m/s64/gb8", [_plan("pick", 1.0, [1.10, 1.12, 1.08]), _plan("confirmed", 1.2, [1.0, 1.0, 1.0]),
+                                 _plan("drawn", 3.0, [3.0, 3.3, 2.7])])
+    found = render_planner_regret.group_summary(group)
+    assert found["regret"] == pytest.approx(0.10) and found["best"] == 2
+    assert found["noise"] == pytest.approx(0.04 / 1.10)
+    assert found["misordered"] == [{"faster_predicted": 1, "faster_measured": 2, "gap": pytest.approx(0.10),
+                                    "beyond_noise": True}]
+    assert found["spearman"] == pytest.approx(0.5)
+
+
+def test_the_page_is_rendered_from_the_rows_and_says_which_targets_were_missed(tmp_path):
+    prov = {"command": "python benchmarks/planner_regret.py", "commit": "c" * 40 + " (clean tree)",
+            "device": "CPU Test, 2 cores", "versions": "python 3, torch 2, transformers 5, trainwise 0.1.0",
+            "date": "2026-01-01 00:00 UTC", "load_start": 0.1, "load_end": 0.2, "cores": 2}
+    close = _group("a/s64/gb8", [_plan("pick", 1.0, [1.0, 1.01]), _plan("confirmed", 2.0, [2.0, 2.02]),
+                                 _plan("drawn", 3.0, [3.0, 3.0])])
+    off = _group("b/s64/gb8", [_plan("pick", 1.0, [2.0, 2.0], "batch_size=8"), _plan("confirmed", 2.0, [1.0, 1.0]),
+                               _plan("drawn", 3.0, [3.0, 3.0])])
+    launch = {"provenance": prov, "device_kind": "cpu", "minutes": 1.0, "groups": [close, off],
+              "profile": {"how": "a test profile", "warnings": [], "calibration_s": None},
+              "settings": {"top": 2, "random": 1, "seed": 0, "repeats": 2, "steps": 6, "warmup": 2}}
+    rows, out = tmp_path / "rows.json", tmp_path / "page.md"
+    rows.write_text(json.dumps({"launches": [launch]}))
+
+    assert render_planner_regret.main([str(rows), "--out", str(out)]) == 0
+
+    text = out.read_text()
+    found = provenance.parse(text)
+    assert found["command"].startswith("`python benchmarks/render_planner_regret.py")
+    assert "`python benchmarks/planner_regret.py`" in found["measured by"] and found["device profile"] == "a test profile"
+    assert "**MISSED:" in text and "median regret 50.0 %, max 100.0 %" in text
+    assert "| b/s64/gb8 | 1: batch_size=8 | 2 | 100.0 % | 0.0 % | 0.50 | 1 / 1 |" in text
+    assert "| a/s64/gb8 | 1: defaults | 1 | 0.0 % (inside the noise) |" in text
