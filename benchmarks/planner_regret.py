@@ -3,7 +3,7 @@ plan it kept, measured, on this CPU at the settings a user has.
 
     python benchmarks/planner_regret.py                    # ~20-25 min on a quiet 2-core machine
     python benchmarks/planner_regret.py --quick --rows /tmp/r.json --page /tmp/r.md   # a smoke run, ~5 min
-    python benchmarks/planner_regret.py --groups tiny-bert/s64/gb8,tiny-t5/s64/gb8
+    python benchmarks/planner_regret.py --groups tiny-bert/s64/gb4,tiny-t5/s64/gb4
 
 The user's default path: `trainwise calibrate` (default threads, written to the per-user
 profile cache), then `trainwise plan MODEL --device cpu --seq-len S --global-batch B`. This
@@ -50,30 +50,33 @@ provenance.add_repo_to_path()
 from trainwise.common.atomic import atomic_write_text  # noqa: E402
 
 # The groups: tiny catalog models (built from their configs, nothing downloaded), small
-# enough that one step is a fraction of a second on 2 cores, so 8 groups of 8 plans with 3
+# enough that one step is a fraction of a second on 2 cores, so 8 groups of 7 plans with 3
 # repeats fit the run-time budget. Five families, chosen for what they make the time
 # model price differently: a decoder with RMSNorm, SiLU and grouped-query attention
 # (llama), a decoder with LayerNorm, GELU and Conv1D projections (gpt2), an encoder with a
 # classification head (bert: no causal mask, no LM-sized logits), an encoder-decoder
 # (t5: cross-attention, relative position bias, two stacks) and a mixture of experts
 # (mixtral: routing, small expert matmuls). Two lengths per dense decoder and encoder
-# family, where attention's share moves; global batches small enough that the fitting
-# micro-batches include accumulation (the planner chooses between them).
-# Per group the confirmed top 5 and 2 drawn from the rest, 3 repeats, 6 steps: 168 runs of
-# about 8 s each on a quiet 2-core machine (a process start of 3-4 s, the model, 6 steps of
-# 0.1-1 s, the memory-profiled last one), with the calibration and searches about 25 min.
+# family, where attention's share moves. Global batches of 4 samples at 64 tokens and 2 at
+# 256: the fitting micro-batches then include accumulation (the planner chooses between
+# them), and the slowest plan of a group (micro-batch 1, accumulated, checkpointed) still
+# runs a step in a second or two.
 GROUPS = (
-    {"model": "tiny-llama", "seq_len": 64, "global_batch": 8},
-    {"model": "tiny-llama", "seq_len": 256, "global_batch": 4},
-    {"model": "tiny-gpt2", "seq_len": 64, "global_batch": 8},
-    {"model": "tiny-gpt2", "seq_len": 256, "global_batch": 4},
-    {"model": "tiny-bert", "seq_len": 64, "global_batch": 8},
-    {"model": "tiny-bert", "seq_len": 256, "global_batch": 4},
-    {"model": "tiny-t5", "seq_len": 64, "global_batch": 8},
-    {"model": "tiny-mixtral", "seq_len": 64, "global_batch": 8},
+    {"model": "tiny-llama", "seq_len": 64, "global_batch": 4},
+    {"model": "tiny-llama", "seq_len": 256, "global_batch": 2},
+    {"model": "tiny-gpt2", "seq_len": 64, "global_batch": 4},
+    {"model": "tiny-gpt2", "seq_len": 256, "global_batch": 2},
+    {"model": "tiny-bert", "seq_len": 64, "global_batch": 4},
+    {"model": "tiny-bert", "seq_len": 256, "global_batch": 2},
+    {"model": "tiny-t5", "seq_len": 64, "global_batch": 4},
+    {"model": "tiny-mixtral", "seq_len": 64, "global_batch": 4},
 )
+# Per group the confirmed top 5 and 2 drawn from the rest, 3 repeats, 5 steps (the first a
+# warm-up, the last memory-profiled): 168 runs of 5-15 s each on a quiet 2-core machine (a
+# process start of 3-4 s, the model, the steps), with the calibration and the searches
+# about 25 min.
 # --quick: one decoder and the encoder-decoder, a few plans, two repeats (a smoke run).
-QUICK_GROUPS = ("tiny-llama/s64/gb8", "tiny-t5/s64/gb8")
+QUICK_GROUPS = ("tiny-llama/s64/gb4", "tiny-t5/s64/gb4")
 TARGET_MEDIAN_REGRET, TARGET_MAX_REGRET, TARGET_SPEARMAN = 0.03, 0.10, 0.8
 
 
@@ -86,13 +89,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--groups", default=None, help="comma-separated group names (default: all): "
                                                        + ", ".join(group_name(g) for g in GROUPS))
     parser.add_argument("--quick", action="store_true", help="a smoke run: 2 groups, top 2 + 1 drawn, 2 repeats, "
-                                                              "5 steps, a quick calibration")
+                                                              "4 steps, a quick calibration")
     parser.add_argument("--top", type=int, default=5, help="confirmed plans measured per group (the pick first)")
     parser.add_argument("--random", type=int, default=2, help="plans drawn from the other kept plans that fit")
     parser.add_argument("--seed", type=int, default=0, help="the draw's seed")
     parser.add_argument("--repeats", type=int, default=3, help="fresh runs per plan")
-    parser.add_argument("--steps", type=int, default=6, help="optimizer steps per run")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps at the start of each run")
+    parser.add_argument("--steps", type=int, default=5, help="optimizer steps per run")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps at the start of each run")
     parser.add_argument("--profile", type=Path, default=None,
                         help="a profile file to use instead of calibrating (copied into the fresh cache)")
     parser.add_argument("--rows", type=Path, default=provenance.REPO / "docs/results/rows/planner-regret-cpu.json")
@@ -100,7 +103,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.groups = args.groups or ",".join(QUICK_GROUPS)
-        args.top, args.random, args.repeats, args.steps = min(args.top, 2), min(args.random, 1), 2, 5
+        args.top, args.random, args.repeats, args.steps = min(args.top, 2), min(args.random, 1), 2, 4
     for name in ("top", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be 1 or more (got {getattr(args, name)})")

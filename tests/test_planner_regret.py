@@ -29,9 +29,9 @@ def test_the_groups_span_eight_searches_and_four_families_with_an_encoder_and_an
 
 def test_an_unknown_group_is_refused_naming_the_closest(capsys):
     with pytest.raises(SystemExit) as exit_:
-        planner_regret.parse_args(["--groups", "tiny-bert/s64/gb9"])
+        planner_regret.parse_args(["--groups", "tiny-bert/s64/gb5"])
     assert exit_.value.code == 2
-    assert "did you mean tiny-bert/s64/gb8?" in capsys.readouterr().err
+    assert "did you mean tiny-bert/s64/gb4?" in capsys.readouterr().err
 
 
 def _plan(role: str, predicted: float, repeats: list[float], label: str = "") -> dict:
