@@ -154,8 +154,12 @@ def _space(allow: str = ""):
 
 def test_the_search_tries_compile_and_float8_only_when_allowed(monkeypatch):
     from trainwise.search import refine as refine_module
+    from trainwise.search import ties
 
     monkeypatch.setattr(refine_module, "installed", lambda package: True)  # torchao, which float8 is traced with
+    # Whether float8 is tried, not the tie rule (a float8 lead inside the measured error loses
+    # to the plan that keeps the math: tests/test_search_ties.py).
+    monkeypatch.setattr(ties, "measured_error", lambda kind: None)
     h100 = resolve_device("H100")
     for allow, float8 in (("", False), ("float8", True)):
         space = _space(allow)
