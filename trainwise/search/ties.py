@@ -35,9 +35,14 @@ def measured_error(device_kind: str) -> float | None:
     return found["error_pct"] / 100 if found else None
 
 
+@lru_cache(maxsize=1)
+def _default() -> Plan:
+    return Plan()
+
+
 def techniques(plan: Plan) -> tuple[str, ...]:
     """The technique knobs `plan` moves from the default Plan (and accumulation over 1)."""
-    default = Plan()
+    default = _default()
     moved = tuple(k for k in TECHNIQUE_KNOBS if getattr(plan, k) != getattr(default, k))
     return moved + (("grad_accum",) if plan.grad_accum > 1 else ())
 
