@@ -155,7 +155,7 @@ def profile_in_fresh_cache(args, cache: Path) -> dict:
 
 def plans_of_group(group: dict, args) -> dict:
     """The search's pick and the plans to measure, each with the prediction it was ranked by."""
-    from trainwise.api.plan import plan_search
+    from trainwise.api.search import plan_search
     from trainwise.plan.plan import Plan
 
     started = time.perf_counter()

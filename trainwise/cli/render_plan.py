@@ -11,7 +11,6 @@ import yaml
 
 from trainwise.common.atomic import atomic_write_text
 from trainwise.common.units import human_bytes
-from trainwise.search.ties import TIE_NOTE
 
 if TYPE_CHECKING:  # api/ is imported on use: its package imports the estimate (torch)
     from trainwise.api.emit import Launch
