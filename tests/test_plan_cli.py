@@ -81,7 +81,9 @@ def test_the_json_lists_the_ranked_plans_with_predictions_flags_and_plan_files(m
     data = json.loads(capsys.readouterr().out)
     assert code == 0 and data["ranked_by"] == "tokens_per_s" and len(data["plans"]) == 2
     best = data["plans"][0]
-    assert best["exact"] and best["source"] == "predicted" and best["tokens_per_s"] >= data["plans"][1]["tokens_per_s"]
+    # Faster first, or a slower plan tied with it within the measured error (simpler), saying so.
+    assert best["exact"] and best["source"] == "predicted" and (
+        best["tokens_per_s"] >= data["plans"][1]["tokens_per_s"] or best["notes"][0].startswith("tied with"))
     assert best["flags"].startswith("trainwise train tiny-llama --batch-size")
     written = Plan.from_dict({k: v for k, v in _yaml(best["plan_file"]).items()})
     assert written.to_dict() == best["plan"]
