@@ -184,7 +184,9 @@ def confirm(screened: list[Candidate], device: Device, evaluator: Evaluator, usa
         best = ties.first(pending, error)
         pending = [c for c in pending if c.plan != best.plan]
         evaluations += 1
-        exact = candidate_of(best.plan, evaluator(best.plan), device, exact=True)
+        # Its tie note stays: the faster plan it was preferred to may never be confirmed.
+        exact = replace(candidate_of(best.plan, evaluator(best.plan), device, exact=True),
+                        notes=tuple(n for n in best.notes if n.startswith(ties.TIE_NOTE)))
         if fits(exact, usable):
             confirmed.append(exact)
             continue
@@ -197,9 +199,7 @@ def confirm(screened: list[Candidate], device: Device, evaluator: Evaluator, usa
 def ranking(candidates: list[Candidate], device: Device, timed: bool) -> list[Candidate]:
     """Best first by `rank_key`; with a time prediction, plans tied within the time model's
     measured error on this kind of device are ordered simplest first (search/ties.py)."""
-    # A tie note of an earlier ordering is dropped: the order is made afresh.
-    plain = [replace(c, notes=tuple(n for n in c.notes if not n.startswith(ties.TIE_NOTE))) for c in candidates]
-    ordered = sorted(plain, key=lambda c: rank_key(c, timed))
+    ordered = sorted(candidates, key=lambda c: rank_key(c, timed))
     return ties.order(ordered, ties.measured_error(device.kind)) if timed else ordered
 
 

@@ -5,8 +5,8 @@ The error is measured, not chosen: `tie_error.json` beside this file holds, per 
 kind, the median error of one plan's predicted time relative to the other plans of its
 model and sequence length, from the committed results (benchmarks/tie_error.py writes it;
 tests/test_search_ties.py holds it to that script's output). Simpler: no change of the
-training math first, then fewer techniques (knobs moved from trainwise's defaults), then
-the faster."""
+training math first, then fewer techniques (the table's techniques column,
+`plan/technique_names.py`), then the faster."""
 
 from __future__ import annotations
 
@@ -17,12 +17,8 @@ from pathlib import Path
 
 from trainwise.search.candidate import Candidate
 from trainwise.plan.plan import Plan
+from trainwise.plan.technique_names import techniques_of
 
-# The knobs that are techniques: a plan that moves fewer of them from the Plan's default is
-# simpler (less to go wrong, to explain, to install). Batch shape and layout are not: the
-# request fixes what they must reach.
-TECHNIQUE_KNOBS = ("precision", "optim", "grad_ckpt", "grad_ckpt_policy", "grad_ckpt_every", "activation_offload",
-                   "attention", "loss", "compile", "compile_scope", "kernels", "float8", "lora_rank", "cpu_offload")
 TIE_NOTE = "tied with"
 
 
@@ -35,20 +31,8 @@ def measured_error(device_kind: str) -> float | None:
     return found["error_pct"] / 100 if found else None
 
 
-@lru_cache(maxsize=1)
-def _default() -> Plan:
-    return Plan()
-
-
-def techniques(plan: Plan) -> tuple[str, ...]:
-    """The technique knobs `plan` moves from the default Plan (and accumulation over 1)."""
-    default = _default()
-    moved = tuple(k for k in TECHNIQUE_KNOBS if getattr(plan, k) != getattr(default, k))
-    return moved + (("grad_accum",) if plan.grad_accum > 1 else ())
-
-
 def simplicity(candidate: Candidate) -> tuple[bool, int]:
-    return bool(candidate.changes_math), len(techniques(candidate.plan))
+    return bool(candidate.changes_math), len(techniques_of(candidate.plan))
 
 
 def tied(faster: Candidate, slower: Candidate, error: float) -> bool:
@@ -58,7 +42,8 @@ def tied(faster: Candidate, slower: Candidate, error: float) -> bool:
 
 def first(ranked: list[Candidate], error: float | None) -> Candidate:
     """The simplest plan tied with `ranked[0]` (`ranked`: fastest first, not empty), with a
-    note naming the faster plan it was preferred to. Tied plans are a prefix of `ranked`, so
+    note naming the faster plan it was preferred to (replacing an earlier tie note; one made
+    where the faster plan was screened stays when that plan is not among those ranked now). Tied plans are a prefix of `ranked`, so
     the scan stops at the first plan out of the error."""
     fastest = ranked[0]
     if not error:
@@ -69,7 +54,13 @@ def first(ranked: list[Candidate], error: float | None) -> Candidate:
             break
         if simplicity(candidate) < simplicity(chosen):  # equally simple: the faster stays
             chosen = candidate
-    return chosen if chosen is fastest else replace(chosen, notes=(*chosen.notes, tie_note(chosen, fastest, error)))
+    if chosen is fastest:
+        return fastest
+    return replace(chosen, notes=(*without_ties(chosen.notes), tie_note(chosen, fastest, error)))
+
+
+def without_ties(notes: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(n for n in notes if not n.startswith(TIE_NOTE))
 
 
 def order(ranked: list[Candidate], error: float | None) -> list[Candidate]:
@@ -86,7 +77,7 @@ def order(ranked: list[Candidate], error: float | None) -> list[Candidate]:
 def tie_note(chosen: Candidate, faster: Candidate, error: float) -> str:
     lead = (faster.tokens_per_s / chosen.tokens_per_s - 1) * 100
     why = ("it keeps the training math" if simplicity(chosen)[0] < simplicity(faster)[0]
-           else f"{len(techniques(chosen.plan))} against {len(techniques(faster.plan))} techniques")
+           else f"{len(techniques_of(chosen.plan))} against {len(techniques_of(faster.plan))} techniques")
     return (f"{TIE_NOTE} {difference(faster.plan, chosen.plan)} ({lead:+.1f} % tokens/s predicted, within the "
             f"measured error ±{error * 100:.1f} %): ranked above it as the simpler plan ({why})")
 
