@@ -78,8 +78,10 @@ def test_a_large_fp32_matmul_does_more_flops_per_second_than_a_tiny_one(cached_p
 
 def test_the_profile_records_where_and_how_it_was_measured(cached_profile):
     measured = read_profile(cached_profile).measured
-    for key in ("date", "torch", "cpu_count", "torch_threads", "nproc", "load_average_1min", "spread"):
+    for key in ("date", "torch", "cpu_count", "torch_threads", "clock", "cpu_model", "nproc", "load_average_1min",
+                "spread"):
         assert key in measured, key
+    assert measured["clock"] == "wall" and measured["torch_threads"] == 1  # the fixture's thread count
     assert measured["nproc"] == 1 and measured["quick"] is True
     assert set(measured["load_average_1min"]) == {"start", "end"}
     assert measured["spread"]["matmul fp32"] >= 0

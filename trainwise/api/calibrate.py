@@ -170,9 +170,13 @@ def _provenance(target: Device, nproc: int, quick: bool, settings, seconds: floa
                 spreads: dict[str, float]) -> dict:
     import torch
 
+    from trainwise.hardware.profile_settings import present_settings
+
+    # The settings a CPU profile holds predictions to (threads, clock, CPU model): estimate
+    # refuses it under others (trainwise/hardware/profile_settings.py).
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "torch": torch.__version__, "device": target.name, "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "nproc": nproc, "quick": quick,
+            **present_settings(), "nproc": nproc, "quick": quick,
             "repeats_per_size": settings.repeats, "seconds": seconds,
             "load_average_1min": {"start": load_start, "end": _load()},
             "spread": {name: round(value, 4) for name, value in spreads.items()}}

@@ -20,6 +20,7 @@ from trainwise.estimate.shared_traces import SharedTraces
 from trainwise.common.errors import InputError
 from trainwise.hardware import Device, resolve_device
 from trainwise.hardware.profile import DeviceProfile, profile_for
+from trainwise.hardware.profile_settings import check_profile_settings
 from trainwise.models import ModelSpec, check_seq_len, resolve_model
 from trainwise.plan.layout import resolve_layout
 from trainwise.plan.plan import Plan
@@ -75,4 +76,5 @@ def _device_profile(device: Device, profile: str | Path | DeviceProfile | None) 
     if profile.kind != device.kind:
         raise InputError("profile", f"a {profile.kind} profile ({profile.device_name}) cannot time the "
                                     f"{device.kind} device {device.name}")
+    check_profile_settings(profile, "profile")
     return profile

@@ -22,6 +22,7 @@ from trainwise.common.units import human_bytes
 from trainwise.estimate.shared_traces import SharedTraces
 from trainwise.hardware import Device, resolve_device
 from trainwise.hardware.profile import DeviceProfile, profile_for
+from trainwise.hardware.profile_settings import check_profile_settings
 from trainwise.models import ModelSpec, check_seq_len, resolve_model
 from trainwise.models.task_inputs import fit_task_sequence
 from trainwise.models.attention import attention_refusal
@@ -145,6 +146,11 @@ def plan_search(model: str | ModelSpec, base: Plan, fixed: set[str] | frozenset[
     device = resolve_device(base.device)
     if installed_only is None:
         installed_only = device.kind == "cpu" or device.source == "detected"
+    # Read (and a CPU profile of other settings refused) before the search, whose failed
+    # estimates would otherwise hide the refusal among untraceable plans.
+    profile = profile if isinstance(profile, DeviceProfile) else profile_for(device, profile)
+    if profile is not None:
+        check_profile_settings(profile, "profile")
     capacity = capacity_of(device)
     spec = model if isinstance(model, ModelSpec) else resolve_model(model, task=task, trust_remote_code=trust_remote_code)
     base, _ = fit_task_sequence(base, spec)  # an image classifier's sequence is its patches

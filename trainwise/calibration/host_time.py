@@ -24,9 +24,8 @@ A third step, the small one with activation checkpointing, prices the host time 
 recomputed op (its dispatch, the checkpoint's saved-tensor hooks, the block's Python run
 again): on the CPU 2-4x a plain op's, which the recomputed ops alone missed by 20-40 %.
 
-On one thread the step's time is this process's CPU time (`time.process_time`), which a
-busy machine does not stretch; with more threads it is wall time (CPU time would add the
-threads up)."""
+The step's time is wall time at the process's thread count, as `trainwise train` times a
+step (timing.py: Synchronizer)."""
 
 from __future__ import annotations
 

@@ -50,9 +50,11 @@ class Fit:
 
 class Synchronizer:
     """Waits for queued work on a device (a no-op on the CPU) and names the clock to time
-    it with: on a CPU running one thread, this process's CPU time, which other processes
-    on a busy machine do not stretch (wall time there includes their scheduler slices);
-    otherwise wall time."""
+    it with: wall time, on every device and at every thread count, because a training
+    step's time (`step_time_s` of `trainwise train`) is wall time and a profile predicts
+    it. (This process's CPU time, which a busy machine does not stretch, was used at one
+    thread; a profile measured so predicted a step with a core to itself, not the step a
+    user times.)"""
 
     def __init__(self, wait: Callable[[], None], clock: Callable[[], float]):
         self.wait, self.clock = wait, clock
@@ -67,7 +69,7 @@ def synchronizer(device) -> Synchronizer:
 
     if getattr(device, "type", str(device)) == "cuda":
         return Synchronizer(lambda: torch.cuda.synchronize(device), time.perf_counter)
-    return Synchronizer(lambda: None, time.process_time if torch.get_num_threads() == 1 else time.perf_counter)
+    return Synchronizer(lambda: None, time.perf_counter)
 
 
 def clock_of(sync: Callable[[], None]) -> Callable[[], float]:

@@ -56,7 +56,8 @@ def render_calibration(result) -> None:
     measured = profile.measured
     table = Table(title=f"{profile.device_name}: measured in {result.seconds:.0f} s "
                         f"(median of {measured.get('repeats_per_size')} repeats per size, "
-                        f"{measured.get('torch_threads')} threads)", title_justify="left")
+                        f"{measured.get('torch_threads')} threads, {measured.get('clock', 'wall')} seconds; "
+                        "estimate uses it at this thread count only)", title_justify="left")
     for column, justify in (("rate", "left"), ("throughput", "right"), ("fixed cost per op", "right"),
                             ("source", "left")):
         table.add_column(column, justify=justify)

@@ -249,14 +249,21 @@ def write_profile(profile: DeviceProfile, path: str | Path) -> Path:
 
 def profile_for(device: Device, path: str | Path | None = None) -> DeviceProfile | None:
     """The profile a prediction for `device` uses: `path` if given; else a calibrated one
-    cached for this device name; else the catalog's; else None (no time predicted)."""
+    cached for this device name; else the catalog's; else None (no time predicted). A CPU
+    profile measured under other settings than this process's (thread count, clock, CPU
+    model) is refused (trainwise/hardware/profile_settings.py)."""
+    from trainwise.hardware.profile_settings import check_profile_settings
+
     if path is not None:
         profile = read_profile(path)
         if profile.kind != device.kind or (device.kind == "cuda" and profile.device_name != device.name):
             raise InputError("--profile", f"{path} was measured on {profile.device_name}, "
                                           f"not on the target device {device.name}")
+        check_profile_settings(profile, "--profile")
         return profile
     cached = default_profile_path(device)
     if cached.is_file():
-        return read_profile(cached, flag=f"the cached profile {cached}")
+        profile = read_profile(cached, flag=f"the cached profile {cached}")
+        check_profile_settings(profile, "the cached profile")
+        return profile
     return catalog_profile(device)
