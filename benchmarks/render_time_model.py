@@ -34,7 +34,8 @@ def _clock(clock: str) -> str:
 
 
 def render(rows: list[dict], summary: dict, verdict: str, warnings: list[str], args, profile, seconds: float) -> str:
-    lines = [f"Seconds per optimizer step on {args.device}: predicted by `trainwise.api.estimate(model, plan, "
+    lines = [f"## {args.case.what[0].upper()}{args.case.what[1:]}", "",
+             f"Seconds per optimizer step on {args.device}: predicted by `trainwise.api.estimate(model, plan, "
              "profile=...).time.step_s`, measured by `trainwise train` in a fresh process "
              f"({args.steps} steps, the first {args.warmup} and, on a CPU, the memory-profiled last one untimed; "
              f"the median of the timed steps), {args.repeat} runs per plan: measured = the median over the runs, "
@@ -42,8 +43,8 @@ def render(rows: list[dict], summary: dict, verdict: str, warnings: list[str], a
              f"Calibration rows: the {summary['calibration_model']} plans (a time model may be tuned on them); "
              "held out: the other models' (\"seen during the fix\": looked at while the time model was last "
              "changed; \"never seen while fixing\": first run once that change was final). "
-             f"CPU threads: {args.threads or 'torch default'} (calibration and runs). "
-             f"Clock: {_clock(args.clock)}. Whole benchmark: {seconds / 60:.1f} min.", ""]
+             f"CPU threads: {args.threads or f'torch default ({args.default_threads})'} (calibration and runs). "
+             f"Clock: {_clock(args.clock)}. This case's runs: {seconds / 60:.1f} min.", ""]
     lines += [f"**{verdict}**", ""]
     if warnings:
         lines += ["Warnings (the figures below may be off):", ""] + [f"- {w}" for w in warnings] + [""]

@@ -55,4 +55,28 @@ def test_each_held_out_group_is_scored_on_its_own_rows_and_every_model_has_a_spl
     assert summary["groups"]["held out, seen during the fix"]["mape_pct"] == pytest.approx(0.0)
     assert summary["groups"]["held out, never seen while fixing"]["mape_pct"] == pytest.approx(50.0)
     assert summary["held_out"]["n"] == 6 and "calibration" not in summary["groups"]
-    assert set(time_model.SPLITS) == {time_model.CALIBRATION_MODEL, *time_model.CONFIG_MODELS}
+    assert set(time_model.SPLITS) == {time_model.CALIBRATION_MODEL, *time_model.CONFIG_MODELS,
+                                      *time_model.UNSEEN_FAMILIES}
+
+
+def test_the_default_path_is_the_first_case_and_the_pinned_one_second():
+    """The headline is what a user gets: torch's default threads, wall seconds."""
+    first, second = time_model.CASES.values()
+    assert (first.name, first.threads, first.clock) == ("default", None, "wall")
+    assert (second.name, second.threads, second.clock) == ("pinned", 1, "cpu")
+    assert time_model.parse_args([]).cases == "default,pinned"
+
+
+def test_the_families_not_looked_at_while_fixing_are_run_by_default_and_scored_apart():
+    models = time_model.parse_args([]).models.split(",")
+    assert set(time_model.UNSEEN_FAMILIES) <= set(models) and len(time_model.UNSEEN_FAMILIES) >= 2
+    assert {time_model.SPLITS[family] for family in time_model.UNSEEN_FAMILIES} == {time_model.UNSEEN_SPLIT}
+    rows = [_row(i, time_model.UNSEEN_SPLIT, 1.0, 2.0) for i in range(3)]
+    rows += [_row(i, "held out, seen during the fix", 1.0, 1.0) for i in range(3)]
+    assert time_model.summarize(rows)["groups"][time_model.UNSEEN_SPLIT]["mape_pct"] == pytest.approx(50.0)
+
+
+def test_a_pinned_case_sets_the_thread_count_of_its_runs_and_the_default_leaves_it(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert time_model.case_environment(time_model.CASES["pinned"])["OMP_NUM_THREADS"] == "1"
+    assert "OMP_NUM_THREADS" not in time_model.case_environment(time_model.CASES["default"])
