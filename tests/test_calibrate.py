@@ -23,7 +23,7 @@ def _finite_positive(value: float) -> bool:
 
 def _rates(profile):
     return [*profile.matmul.values(), *profile.attention.values(), profile.memory, profile.optimizer,
-            *profile.collectives.values()]
+            profile.random, *profile.collectives.values()]
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +67,13 @@ def test_a_cpu_profile_has_its_training_step_factors_each_at_least_one(cached_pr
     assert profile.step_contraction_factor >= 1.0 and profile.step_non_matmul_factor >= 1.0
     assert profile.host_s_per_recomputed_op >= profile.host_s_per_op > 0
     assert profile.measured["training_step"]["contraction"]["ops"] > 0
+
+
+def test_dropouts_random_numbers_are_measured_and_cost_a_cpu_more_per_byte_than_an_add(cached_profile):
+    """A generator's arithmetic per element (~40x an add's on one thread of the project's
+    CPU): priced at the memory rate, dropout was all but free."""
+    profile = read_profile(cached_profile)
+    assert profile.random.per_s < profile.memory.per_s / 4
 
 
 def test_a_large_fp32_matmul_does_more_flops_per_second_than_a_tiny_one(cached_profile):

@@ -274,3 +274,30 @@ def test_a_fake_tensors_device_answered_by_the_recorder_traces_the_step_the_fake
     assert answered[0].op_costs == dispatched[0].op_costs
     metadata = answered[0].op_costs.total(0, op_class="metadata", phase="backward")
     assert metadata > answered[0].op_costs.total(0, phase="backward") / 2, "the device queries are counted"
+
+
+def test_dropouts_random_numbers_are_priced_at_the_profiles_random_rate_without_the_element_wise_factor():
+    """Drawing dropout's mask costs a CPU core ~40x an add per element: at the memory rate
+    (the old pricing) a GPT-2 or BERT step with dropout was predicted far too short."""
+    costs = OpCosts({("forward", 0, "random", "fp32", False): [2, 0, 500_000, 500_000]})
+    slow = dataclasses.replace(PROFILE, step_non_matmul_factor=3.0)
+    at_memory = step_breakdown(costs, {0: 1, 1: 0}, _plan(), slow)
+    own = step_breakdown(costs, {0: 1, 1: 0}, _plan(), dataclasses.replace(slow, random=Rate(1e8, 0.0)))
+    assert at_memory["elementwise"] == pytest.approx(3.0 * (2 * 1e-6 + 1e6 / 1e9))  # no own rate: as before
+    assert own["elementwise"] == pytest.approx(1e6 / 1e8)  # the generator's pace, no cold-buffer factor
+    assert own["host_overhead"] == pytest.approx(at_memory["host_overhead"]) == pytest.approx(2 * 1e-5)
+
+
+def test_a_traced_gpt2_step_counts_one_random_mask_per_dropout_and_llama_none():
+    import torch
+
+    from trainwise.trace.op_costs import classify
+
+    assert classify(torch.ops.aten.bernoulli_.float) == classify(torch.ops.aten.native_dropout.default) == "random"
+    gpt2 = _trace(resolve_model("tiny-gpt2"), _plan(), CPU)[0].op_costs
+    llama = _trace(resolve_model("tiny-llama"), _plan(), CPU)[0].op_costs
+    layers = resolve_model("tiny-gpt2").config.n_layer
+    # Embeddings once; per block the attention probabilities and the two residual branches.
+    assert gpt2.total(0, phase="forward", op_class="random") == 1 + 3 * layers
+    assert gpt2.total(0, phase="backward", op_class="random") == 0
+    assert llama.total(0, op_class="random", phase="forward") == 0

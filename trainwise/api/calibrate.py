@@ -2,7 +2,8 @@
 
 What is measured (trainwise/calibration/), each fitted to a Rate
 (`fixed_s + size / per_s`): matmul throughput per dtype the device runs, attention
-(SDPA forward and backward), element-wise memory bandwidth, the eager per-op host cost,
+(SDPA forward and backward), element-wise memory bandwidth, transcendental element-wise
+ops, drawing random numbers (dropout's mask), the eager per-op host cost,
 the AdamW step (kept in `measured`: the time model prices it with the memory rate), on a
 GPU pinned host-to-device copies, and under `nproc` > 1 the four collectives between
 local processes. About 30-60 s on a small CPU (`quick`: a few seconds, coarse).
@@ -98,7 +99,8 @@ def calibrate(device: str = "cpu", out: str | Path | None = None, nproc: int = 1
                             matmul=rates["matmul"], attention=rates["attention"], memory=rates["memory"],
                             host_s_per_op=rates["host_s_per_op"], collectives=rates.get("collectives", {}),
                             host_to_device=rates.get("host_to_device"), measured=measured,
-                            transcendental=rates["transcendental"], optimizer=rates["optimizer"])
+                            transcendental=rates["transcendental"], random=rates["random"],
+                            optimizer=rates["optimizer"])
     if target.kind == "cpu":
         profile = _with_training_host(profile, torch_device, settings, spreads)
     seconds = round(time.perf_counter() - started, 1)
@@ -127,6 +129,7 @@ def _measure_one_device(device, settings) -> tuple[dict, dict, dict]:
             rates["attention"][dtype] = keep(f"attention {dtype}", compute.measure_attention(device, dtype, settings))
     rates["memory"] = keep("memory", memory.measure_memory(device, settings))
     rates["transcendental"] = keep("transcendental", memory.measure_transcendental(device, settings))
+    rates["random"] = keep("random", memory.measure_random(device, settings))
     rates["host_s_per_op"], spreads["host per op"] = memory.measure_host_overhead(device, settings)
     optimizer = memory.measure_optimizer(device, settings)
     rates["optimizer"] = keep("optimizer step", optimizer)

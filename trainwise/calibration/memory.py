@@ -47,6 +47,16 @@ def measure_transcendental(device: torch.device, settings: Settings) -> Fit:
     return fit(measure_sizes(cases, sync, settings))
 
 
+def measure_random(device: torch.device, settings: Settings) -> Fit:
+    """The Rate (bytes read + written, as the trace counts them: an in-place fp32
+    `bernoulli_` reads and writes 4 bytes per element) of drawing random numbers: dropout's
+    mask, `bernoulli_(1 - p)`, over sizes."""
+    sync, cases = synchronizer(device), []
+    for n in _element_counts(device, settings):
+        cases.append((2 * n * FP32_BYTES, _binary(n, device, lambda a, b, out: out.bernoulli_(0.9))))
+    return fit(measure_sizes(cases, sync, settings))
+
+
 def _log_softmax_forward_backward(a, b, out):
     """Forward (reads a, writes y) and backward (reads the gradient and y, writes one)."""
     rows = a.view(-1, 1024)

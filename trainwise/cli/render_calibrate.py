@@ -17,6 +17,9 @@ def rate_rows(profile) -> list[tuple[str, str, str]]:
     if profile.transcendental:
         rows.append(("exp, tanh, softmax... (bytes read + written)", _gbs(profile.transcendental.per_s),
                      _micro(profile.transcendental.fixed_s)))
+    if profile.random:
+        rows.append(("random numbers, dropout's mask (bytes read + written)", _gbs(profile.random.per_s),
+                     _micro(profile.random.fixed_s)))
     dispatch = profile.measured.get("host_dispatch_s_per_op")
     if dispatch is not None:  # the CPU: the bare dispatch, and an op's host time in a training step
         rows.append(("host per eager op (bare dispatch)", "-", _micro(dispatch)))

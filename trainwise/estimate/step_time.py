@@ -191,6 +191,11 @@ def _step_factor(phase: str, op_class: str, profile: DeviceProfile) -> float:
         return profile.step_compute_factor * profile.step_contraction_factor
     if phase in OPTIMIZER_PHASES and profile.optimizer is not None:
         return profile.step_compute_factor  # its rate was measured on a real optimizer step
+    if op_class == "random" and profile.random is not None:
+        # The generator's arithmetic, not cold operands or fresh buffers, sets its pace (40x
+        # an add's per element): the element-wise factor, fitted on a step without dropout,
+        # is not its slowdown.
+        return profile.step_compute_factor
     return profile.step_compute_factor * profile.step_non_matmul_factor
 
 
@@ -219,6 +224,8 @@ def _device_seconds(key: tuple, values: list[int], plan: Plan, profile: DevicePr
         seconds = _seconds(profile.optimizer, ops, read + written)
     elif op_class == "transcendental":
         seconds = _seconds(profile.transcendental or profile.memory, ops, read + written)
+    elif op_class == "random":
+        seconds = _seconds(profile.random or profile.memory, ops, read + written)
     else:
         seconds = _seconds(profile.memory, ops, read + written)
     if phase in OPTIMIZER_PHASES:
@@ -226,7 +233,7 @@ def _device_seconds(key: tuple, values: list[int], plan: Plan, profile: DevicePr
     if recomputed:
         return "recompute", seconds
     # metadata: host time only; transcendental ops are element-wise work at their own rate.
-    return ("elementwise" if op_class in ("metadata", "region", "transcendental") else op_class), seconds
+    return ("elementwise" if op_class in ("metadata", "region", "transcendental", "random") else op_class), seconds
 
 
 def _seconds(rate: Rate, ops: int, amount: int) -> float:

@@ -108,6 +108,10 @@ class DeviceProfile:
     # log, tanh, erf: trainwise/trace/op_costs.py), measured by calibrate: on a CPU core
     # their arithmetic, not memory, sets the pace. None (catalog, older files): the memory rate.
     transcendental: Rate | None = None
+    # Bytes read + written by ops that draw random numbers (dropout's mask), measured by
+    # calibrate: on a CPU core the generator's arithmetic, ~40x an add's per element, sets
+    # the pace. None (catalog, older files): the memory rate.
+    random: Rate | None = None
     # How much slower a training step's work other than matmuls (element-wise, norms,
     # attention, the optimizer) runs than the rates above, on top of step_compute_factor.
     # Calibrate fits this one on the CPU and leaves step_compute_factor at 1.0: a step's
@@ -157,6 +161,7 @@ class DeviceProfile:
                 "corrections": dict(self.corrections), "measured": dict(self.measured),
                 "step_compute_factor": self.step_compute_factor,
                 "transcendental": self.transcendental.to_json() if self.transcendental else None,
+                "random": self.random.to_json() if self.random else None,
                 "step_non_matmul_factor": self.step_non_matmul_factor,
                 "step_contraction_factor": self.step_contraction_factor,
                 "optimizer": self.optimizer.to_json() if self.optimizer else None,
@@ -167,7 +172,7 @@ class DeviceProfile:
     @classmethod
     def from_json(cls, data: dict, source: str) -> "DeviceProfile":
         host, transcendental, optimizer = data.get("host_to_device"), data.get("transcendental"), data.get("optimizer")
-        recomputed = data.get("host_s_per_recomputed_op")
+        recomputed, random = data.get("host_s_per_recomputed_op"), data.get("random")
         kernel, region = data.get("host_s_per_compiled_kernel"), data.get("host_s_per_compiled_region")
         return cls(device_name=str(data["device_name"]), kind=str(data["kind"]), source=source,
                    matmul={k: Rate.from_json(v) for k, v in data["matmul"].items()},
@@ -179,6 +184,7 @@ class DeviceProfile:
                    measured=dict(data.get("measured", {})),
                    step_compute_factor=float(data.get("step_compute_factor", 1.0)),
                    transcendental=Rate.from_json(transcendental) if transcendental else None,
+                   random=Rate.from_json(random) if random else None,
                    step_non_matmul_factor=float(data.get("step_non_matmul_factor", 1.0)),
                    step_contraction_factor=float(data.get("step_contraction_factor", 1.0)),
                    optimizer=Rate.from_json(optimizer) if optimizer else None,

@@ -20,6 +20,10 @@ Op classes (decided here, documented in docs/plan.md):
   (softmax and log-softmax and their backward, SiLU, GELU, sigmoid, ...): memory-bound on a
   GPU, but on a CPU core the arithmetic of each element costs more than moving it, so a
   profile may give them their own rate (bytes read and written, as "elementwise");
+* "random": ops that draw random numbers (dropout's mask: `bernoulli_`, `native_dropout`;
+  `rand`, `randn`, `uniform_`, `normal_`, ...): on a CPU core generating each number costs
+  far more than moving it (a `bernoulli_` mask ~40x an fp32 add per element, one thread),
+  so a profile gives them their own rate (bytes read and written, as "elementwise");
 * "metadata": views, aliases, `empty` and the like: they go through the dispatcher (host
   time) but launch no kernel and move no bytes;
 * "elementwise": every other op, memory-bound, costed by the bytes it reads and writes.
@@ -48,7 +52,7 @@ from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sd
 from trainwise.trace.flops_formulas import model_flop_formulas
 from trainwise.trace.fusion import CompiledRegions, FusionGrouper
 
-CLASSES = ("matmul", "attention", "normalization", "transcendental", "elementwise", "metadata")
+CLASSES = ("matmul", "attention", "normalization", "transcendental", "random", "elementwise", "metadata")
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
 for _name in ("float8_e4m3fn", "float8_e5m2"):
     if hasattr(torch, _name):
@@ -74,6 +78,11 @@ TRANSCENDENTAL_OPS = ("exp", "exp_", "exp2", "expm1", "log", "log_", "log1p", "l
                       "gelu", "gelu_", "gelu_backward", "erf", "erf_", "erfinv", "sin", "cos", "softplus",
                       "softplus_backward", "mish", "mish_backward", "elu", "elu_backward",
                       "liger_gated_activation", "liger_gated_activation_backward")
+# Ops that draw random numbers (a generator's arithmetic per element); the synthetic
+# batch's `randint` runs in the data phase, which the CPU model does not time.
+RANDOM_OPS = ("bernoulli", "bernoulli_", "native_dropout", "rand", "rand_like", "randn", "randn_like", "randint",
+              "randint_like", "random_", "uniform_", "normal", "normal_", "exponential_", "geometric_",
+              "log_normal_", "cauchy_", "multinomial", "randperm", "poisson")
 # Ops with no kernel. Views are recognised from their schema (an output aliasing an input);
 # `_unsafe_view` is a view whose schema does not say so.
 NO_KERNEL_OPS = ("_unsafe_view", "empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "detach",
@@ -227,6 +236,8 @@ def classify(func) -> str:
         return "normalization"
     if name in TRANSCENDENTAL_OPS:
         return "transcendental"
+    if name in RANDOM_OPS:
+        return "random"
     if name in NO_KERNEL_OPS or func.namespace == "prim" or _is_view(func):
         return "metadata"
     return "elementwise"
