@@ -160,8 +160,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def plans(args, scratch: Path) -> list[dict]:
     """{name, model (what to pass as MODEL), model_label, plan} for every runnable plan."""
-    from trainwise.api.compatibility import check_device_support
+    from trainwise.api.compatibility import check_request
     from trainwise.bench.ladders import load_ladder
+    from trainwise.models import resolve_model
     from trainwise.common.errors import InputError
     from trainwise.hardware import resolve_device
 
@@ -172,12 +173,15 @@ def plans(args, scratch: Path) -> list[dict]:
             model = str(scratch / label)
             Path(model).mkdir(parents=True, exist_ok=True)
             (Path(model) / "config.json").write_text(json.dumps(CONFIG_MODELS[label]))
+        spec = resolve_model(model)
         for seq in (int(s) for s in args.seq_lens.split(",")):
             for rung in load_ladder("quick", {"seq_len": seq, "device": args.device}):
                 try:
-                    check_device_support(rung.plan, device)
+                    check_request(rung.plan, device, spec, here=True)
                 except InputError:
-                    continue  # fp16, 8-bit Adam: this device cannot run them (the ladder shows them skipped)
+                    # fp16, 8-bit Adam: this device cannot run them; the fused loss: OPT's and T5's
+                    # are not checked (the ladder shows them skipped)
+                    continue
                 found.append({"name": f"{label} s{seq} {rung.name}", "model": model, "model_label": label,
                               "plan": rung.plan,
                               "split": SPLITS.get(label, "held out, never seen while fixing")})

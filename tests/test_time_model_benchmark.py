@@ -80,3 +80,15 @@ def test_a_pinned_case_sets_the_thread_count_of_its_runs_and_the_default_leaves_
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert time_model.case_environment(time_model.CASES["pinned"])["OMP_NUM_THREADS"] == "1"
     assert "OMP_NUM_THREADS" not in time_model.case_environment(time_model.CASES["default"])
+
+
+def test_plans_a_model_refuses_are_left_out_not_run_to_fail(tmp_path):
+    """OPT's and T5's fused loss is refused by train (and by estimate, which would stop the
+    whole benchmark before a run)."""
+    import argparse
+
+    args = argparse.Namespace(device="cpu", models="small-opt,tiny-llama", seq_lens="64", only=None, quick=False,
+                              limit=None)
+    names = [row["name"] for row in time_model.plans(args, tmp_path)]
+    assert "small-opt s64 fused loss" not in names and "small-opt s64 vanilla" in names
+    assert "tiny-llama s64 fused loss" in names
