@@ -36,5 +36,5 @@ HELD += [(model, "bf16-pure") for model in ("tiny-whisper", "tiny-wav2vec2", "ti
 def claim(model: str, plan: str) -> str:
     """What the tests say of one row of the page."""
     if (model, plan) in HELD:
-        return f"held within {PEAK_TOLERANCE:.0%} by a test"
+        return f"held within {PEAK_TOLERANCE * 100:.0f} % by a test"
     return GAPS.get((model, plan), "not tested (shown as measured)")
