@@ -1,5 +1,6 @@
 """docs/reliability.md: every fault and bad input the test suite injects, what trainwise
-said, its exit code, and what was lost (must be 0).
+said, its exit code, and what was lost (measured: the files there before the fault, or
+written by a completed save, that are missing or changed after it; must be 0).
 
     python benchmarks/reliability_report.py                    # writes docs/reliability.md
     python benchmarks/reliability_report.py --out /tmp/r.md
@@ -58,14 +59,15 @@ def main(argv: list[str] | None = None) -> int:
 def render(records: list[dict], prov: dict) -> str:
     """The page: provenance, totals, then one table per kind."""
     kinds = Counter(r["kind"] for r in records)
-    lost = sum(r["lost"] for r in records)
+    lost, watched = sum(r["lost"] for r in records), sum(r["watched"] for r in records)
     lines = ["Every row is a case a test marked `fault` tried (`pytest -m fault`); the test records it "
              "(`tests/fault_log.py`) only after its assertions passed, and this page is written only when "
              "every such test passed.", "",
              "## Totals", "",
              f"- Faults injected: {kinds['fault']}",
              f"- Bad inputs tried: {kinds['bad input']}",
-             f"- Runs or files lost: {lost}", "",
+             f"- Files lost: {lost} of the {watched} that the cases watched (measured: each file there before "
+             "the fault, or listed by a save that completed before it, checked by sha256 after it)", "",
              "Exit codes: 0 success; 1 an unexpected error; 2 bad input (one line naming the field, before any "
              "long work); 3 out of memory; 4 a checkpoint or result could not be written (what was there is "
              "intact); 128 + N stopped by signal N after saving (see docs/train.md).", "",
@@ -77,11 +79,11 @@ def render(records: list[dict], prov: dict) -> str:
              "while a save is in flight (docs/train.md).", ""]
     for kind, title in (("fault", "Faults"), ("bad input", "Bad inputs")):
         rows = [r for r in records if r["kind"] == kind]
-        lines += [f"## {title} ({len(rows)})", "", "| case | exit code | what trainwise said | lost | test |",
+        lines += [f"## {title} ({len(rows)})", "", "| case | exit code | what trainwise said | files lost (of watched) | test |",
                   "| --- | --- | --- | --- | --- |"]
         for r in sorted(rows, key=lambda r: (r["test"], r["case"])):
             code = "" if r["exit_code"] is None else str(r["exit_code"])
-            lines.append(f"| {_cell(r['case'])} | {code} | {_cell(r['message'])} | {r['lost']} | "
+            lines.append(f"| {_cell(r['case'])} | {code} | {_cell(r['message'])} | {r['lost']} of {r['watched']} | "
                          f"`{r['test'].split('::')[0]}` |")
         lines.append("")
     return provenance.page("Reliability: faults injected and bad inputs tried", prov, "\n".join(lines))

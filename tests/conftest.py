@@ -15,7 +15,7 @@ import tempfile
 
 import pytest
 
-from fault_log import FaultLog
+from fault_log import FaultLog, FaultWatch
 
 # Device profiles are cached per user (trainwise/hardware/profile.py); the tests must not
 # read a profile this machine's user calibrated, nor write one into their cache. Set before
@@ -63,11 +63,20 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def fault_log(request):
-    """`fault_log(kind=..., case=..., exit_code=..., message=..., lost=...)`: call after the
-    test's assertions, once per fault or bad input tried."""
-    def record(*, kind: str, case: str, exit_code: int | None, message: str, lost: int = 0) -> None:
+    """`fault_log.watch(path)` before the fault and `fault_log.saved(checkpoint)` name what it
+    must not destroy; `fault_log(kind=..., case=..., exit_code=..., message=...)`, after the
+    test's assertions, once per fault or bad input tried, measures what was lost (a loss fails
+    the test)."""
+    watch = FaultWatch()
+
+    def record(*, kind: str, case: str, exit_code: int | None, message: str) -> None:
+        lost = watch.lost()
+        if lost:
+            pytest.fail(f"{case}: {len(lost)} of {len(watch.expected)} watched files lost or changed: "
+                        + ", ".join(lost[:5]))
         _SESSION_LOG.add(request.node.nodeid, kind=kind, case=case, exit_code=exit_code, message=message,
-                         lost=lost)
+                         lost=len(lost), watched=len(watch.expected))
+    record.watch, record.saved = watch.watch, watch.saved
     return record
 
 

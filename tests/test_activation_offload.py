@@ -94,7 +94,7 @@ def test_on_cpu_it_is_refused_as_a_no_op_for_estimate_and_train(tmp_path, capsys
         assert err[0].startswith("trainwise: error: --activation-offload") and "on cpu" in err[0]
         assert not (tmp_path / "out").exists()
         fault_log(kind="bad input", case=f"{command} --device cpu --activation-offload (a no-op there)", exit_code=2,
-                  message=err[0], lost=0)
+                  message=err[0])
 
 
 def _h100(**knobs):
@@ -147,7 +147,7 @@ def test_layouts_and_compile_it_does_not_support_are_refused_with_exit_2(command
     assert code == 2 and len(err) == 1 and err[0].startswith("trainwise: error: --activation-offload"), (code, err)
     assert not (tmp_path / "out").exists()
     fault_log(kind="bad input", case=f"{command} tiny-llama {' '.join(flags)} --activation-offload", exit_code=2,
-              message=err[0].replace(str(tmp_path), "DIR"), lost=0)
+              message=err[0].replace(str(tmp_path), "DIR"))
 
 
 def test_the_default_bench_ladder_has_an_activation_offload_rung():

@@ -117,5 +117,5 @@ def test_speech_data_that_does_not_fit_the_model_is_refused_before_training(case
     code = main(argv)
     err = capsys.readouterr().err
     fault_log(kind="bad input", case=f"train a CTC model on speech data with {case}", exit_code=code,
-              message=err.strip().splitlines()[-1].replace(str(tmp_path), "TMP"), lost=0)
+              message=err.strip().splitlines()[-1].replace(str(tmp_path), "TMP"))
     assert code == 2 and words in err and "Traceback" not in err

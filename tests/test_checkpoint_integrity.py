@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from fault_log import lost_files, tree_digest
+from fault_log import tree_digest
 from metrics_file import step_losses as _losses
 from trainwise.cli.main import main
 from trainwise.engine import checkpoint as checkpoint_module
@@ -69,7 +69,7 @@ def test_resume_passes_over_a_damaged_newest_checkpoint_and_continues_the_same_l
     name, harm = DAMAGE[damage]
     checkpoints = run_copy / "out" / "checkpoints"
     harm(checkpoints / "step-00000006" / name)
-    previous = tree_digest(checkpoints / "step-00000004")
+    fault_log.watch(checkpoints / "step-00000004")
     reference = _losses(run_copy / "metrics.jsonl")
     capsys.readouterr()
 
@@ -81,10 +81,8 @@ def test_resume_passes_over_a_damaged_newest_checkpoint_and_continues_the_same_l
     assert f"step-00000006/{name} is damaged" in warnings[0]
     assert warnings[0].endswith(f"resuming from the previous intact checkpoint {checkpoints / 'step-00000004'}")
     assert _losses(run_copy / "metrics.jsonl") == pytest.approx(reference, rel=1e-6, abs=1e-7)
-    lost = lost_files(previous, tree_digest(checkpoints / "step-00000004"))
-    assert lost == 0
     fault_log(kind="fault", case=f"--resume with the newest checkpoint damaged: {damage}", exit_code=code,
-              message=warnings[0].replace(str(run_copy / "out"), "OUT"), lost=lost)
+              message=warnings[0].replace(str(run_copy / "out"), "OUT"))
 
 
 @pytest.mark.fault
@@ -92,7 +90,7 @@ def test_resume_with_every_checkpoint_damaged_exits_2_naming_the_file(run_copy, 
     checkpoints = run_copy / "out" / "checkpoints"
     _truncate(checkpoints / "step-00000006" / "model.safetensors")
     _flip_a_bit(checkpoints / "step-00000004" / "model.safetensors")
-    before = tree_digest(checkpoints)
+    fault_log.watch(checkpoints)
     capsys.readouterr()
 
     code = _train(run_copy / "out", run_copy / "metrics.jsonl", "--resume")
@@ -101,10 +99,8 @@ def test_resume_with_every_checkpoint_damaged_exits_2_naming_the_file(run_copy, 
     assert code == 2
     assert errors[-1].startswith("trainwise: error: --resume: no intact checkpoint in ")
     assert "step-00000006/model.safetensors is damaged" in errors[-1]
-    lost = lost_files(before, tree_digest(checkpoints))
-    assert lost == 0
     fault_log(kind="fault", case="--resume with every checkpoint damaged (truncated, bit flipped)",
-              exit_code=code, message=errors[-1].replace(str(run_copy / "out"), "OUT"), lost=lost)
+              exit_code=code, message=errors[-1].replace(str(run_copy / "out"), "OUT"))
 
 
 def test_a_checkpoint_without_a_manifest_from_older_trainwise_still_resumes(run_copy, capsys):
@@ -121,16 +117,15 @@ def test_a_checkpoint_without_a_manifest_from_older_trainwise_still_resumes(run_
     assert _losses(run_copy / "metrics.jsonl") == pytest.approx(reference, rel=1e-6, abs=1e-7)
 
 
-def _fail_second_call(monkeypatch, owner, name, error, snapshot):
-    """Make `owner.name` raise `error` on its second call, after recording the output tree
-    as it was before that save began (its own hidden temporary directory left out)."""
+def _fail_second_call(monkeypatch, owner, name, error, before_fault):
+    """Make `owner.name` raise `error` on its second call, after calling `before_fault()`
+    (which records what the first, completed save wrote)."""
     real, calls = getattr(owner, name), []
 
     def failing(*args, **kwargs):
         calls.append(1)
         if len(calls) == 2:
-            snapshot.update({path: digest for path, digest in tree_digest(snapshot.pop("root")).items()
-                             if not path.startswith("checkpoints/.")})
+            before_fault()
             raise error
         return real(*args, **kwargs)
     monkeypatch.setattr(owner, name, failing)
@@ -150,8 +145,7 @@ def test_a_save_that_fails_keeps_the_previous_checkpoint_and_exits_4(tmp_path, m
     out = tmp_path / "out"
     checkpoints = out / "checkpoints"
     owner, name, error = FAILURES[failure]
-    before = {"root": out}
-    _fail_second_call(monkeypatch, owner, name, error, before)
+    _fail_second_call(monkeypatch, owner, name, error, lambda: fault_log.saved(checkpoints / "step-00000002"))
 
     code = _train(out, tmp_path / "metrics.jsonl", steps=4)
 
@@ -161,7 +155,5 @@ def test_a_save_that_fails_keeps_the_previous_checkpoint_and_exits_4(tmp_path, m
                           f"{error.strerror}; the previous checkpoint step-00000002 is intact")
     assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "step-00000002"]  # no partial directory
     assert (checkpoints / "latest").read_text() == "step-00000002\n"
-    lost = lost_files(before, tree_digest(out))
-    assert lost == 0
     fault_log(kind="fault", case=f"checkpoint save fails: {failure}", exit_code=code,
-              message=errors[-1].replace(str(out), "OUT"), lost=lost)
+              message=errors[-1].replace(str(out), "OUT"))

@@ -61,7 +61,7 @@ def test_an_unreadable_image_stops_the_run_naming_its_path(tmp_path, capsys, fau
     code = main(["train", "tiny-vit", "--data", str(root), "--steps", "1"])
     err = capsys.readouterr().err
     fault_log(kind="bad input", case="train an image classifier on a folder with a file that is not an image",
-              exit_code=code, message=err.strip().replace(str(tmp_path), "TMP"), lost=0)
+              exit_code=code, message=err.strip().replace(str(tmp_path), "TMP"))
     assert code == 2 and "error: --data: " in err and "broken.png" in err and "Traceback" not in err
 
 
@@ -82,5 +82,5 @@ def test_a_folder_that_is_not_a_class_layout_is_refused(layout, words, tmp_path,
     code = main(["train", "tiny-vit", "--data", str(data), "--steps", "1"])
     err = capsys.readouterr().err
     fault_log(kind="bad input", case=f"train an image classifier on {layout.replace('-', ' ')} as --data",
-              exit_code=code, message=err.strip().replace(str(tmp_path), "TMP"), lost=0)
+              exit_code=code, message=err.strip().replace(str(tmp_path), "TMP"))
     assert code == 2 and "error: --data: " in err and words in err

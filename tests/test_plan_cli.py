@@ -52,7 +52,7 @@ def test_bad_input_is_refused_before_any_plan_is_evaluated(flags, field, says, m
     argv = PLAN + flags if "--device" not in flags else PLAN[:2] + ["--seq-len", "64"] + flags
     message = _refused(capsys, argv, field)
     assert says in message
-    fault_log(kind="bad input", case=f"trainwise {' '.join(argv)}", exit_code=2, message=message, lost=0)
+    fault_log(kind="bad input", case=f"trainwise {' '.join(argv)}", exit_code=2, message=message)
 
 
 def test_nothing_fits_names_the_smallest_plan_its_shortfall_and_what_would_help(monkeypatch, capsys, fault_log):
@@ -62,7 +62,7 @@ def test_nothing_fits_names_the_smallest_plan_its_shortfall_and_what_would_help(
     assert "no plan fits H100-80GB" in message and "the smallest, `trainwise train tiny-llama --batch-size 1" in message
     assert "GiB over" in message and "--allow lora,adafactor,adamw-8bit,bf16-pure would add plans" in message
     fault_log(kind="bad input", case="trainwise plan tiny-llama --device H100 (every plan needs 200 GiB)",
-              exit_code=2, message=message, lost=0)
+              exit_code=2, message=message)
 
 
 def test_a_fixed_flag_that_makes_every_plan_miss_is_named(monkeypatch, capsys, fault_log):
@@ -71,7 +71,7 @@ def test_a_fixed_flag_that_makes_every_plan_miss_is_named(monkeypatch, capsys, f
     message = _refused(capsys, argv, "memory")
     assert "held fixed: --batch-size 16" in message and "--seq-len 64" in message
     fault_log(kind="bad input", case=f"trainwise {' '.join(argv)} (16 rows need 160 GiB)", exit_code=2,
-              message=message, lost=0)
+              message=message)
 
 
 def test_the_json_lists_the_ranked_plans_with_predictions_flags_and_plan_files(monkeypatch, capsys, tmp_path):
@@ -143,8 +143,7 @@ def test_batch_size_auto_steps_down_once_after_a_first_step_out_of_memory_and_ne
     assert train_stepping_down(request, Plan(batch_size=8), only_8_too_big, lambda: 0, say) == 4
     with pytest.raises(OutOfMemory):  # after a step has run, the OOM is not the batch size's
         train_stepping_down(request, Plan(batch_size=8), out_of_memory, lambda: 1, say)
-    fault_log(kind="fault", case="--batch-size auto, out of memory in the first step", exit_code=3, message=line,
-              lost=0)
+    fault_log(kind="fault", case="--batch-size auto, out of memory in the first step", exit_code=3, message=line)
 
 
 def test_train_plan_auto_on_tiny_llama_on_cpu_trains_the_chosen_plan(capsys, tmp_path):
@@ -160,14 +159,14 @@ def test_verify_of_a_gpu_that_is_not_here_is_refused_before_the_search(monkeypat
     line = _refused(capsys, [*PLAN, "--verify", "2"], "--verify")
     assert "H100-80GB is not present here" in line
     fault_log(kind="bad input", case="plan --verify 2 for an H100 on a machine without one", exit_code=2,
-              message=line, lost=0)
+              message=line)
 
 
 @pytest.mark.fault
 def test_verify_without_plan_auto_in_train_is_refused(capsys, fault_log):
     line = _refused(capsys, ["train", "tiny-llama", "--device", "cpu", "--verify", "2"], "--verify")
     assert "--plan auto" in line
-    fault_log(kind="bad input", case="train --verify 2 without --plan auto", exit_code=2, message=line, lost=0)
+    fault_log(kind="bad input", case="train --verify 2 without --plan auto", exit_code=2, message=line)
 
 
 def test_torchrun_workers_train_the_parents_choice_instead_of_searching_again():

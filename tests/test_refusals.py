@@ -11,7 +11,6 @@ import pytest
 import torch
 from torch import nn
 
-from fault_log import lost_files, tree_digest
 from trainwise.api import benchmark
 from trainwise.api.oom_advice import fitting_changes
 from trainwise.cli.main import main
@@ -71,7 +70,7 @@ def test_a_request_cpu_cannot_honour_is_refused_alike_by_every_command(command, 
                                                                         nothing_built, fault_log):
     message = _refused(capsys, _argv(command, "tiny-llama", tmp_path, *flags), field, tmp_path)
     fault_log(kind="bad input", case=f"{command} tiny-llama --device cpu {' '.join(flags)}", exit_code=2,
-              message=_readable(message, tmp_path), lost=0)
+              message=_readable(message, tmp_path))
 
 
 @pytest.mark.fault
@@ -91,7 +90,7 @@ def test_flash_without_the_flash_attn_package_is_refused_where_the_run_happens(m
         check_request(plan, device, spec, here=True)
     assert refused.value.field == "--attention" and "pip install flash-attn" in refused.value.message
     fault_log(kind="bad input", case="train --attention flash on a GPU without the flash-attn package",
-              exit_code=2, message=f"trainwise: error: {refused.value}", lost=0)
+              exit_code=2, message=f"trainwise: error: {refused.value}")
 
 
 def test_attention_auto_is_the_explicit_choice_that_picks_and_says_what(capsys):
@@ -131,7 +130,7 @@ def test_deterministic_is_honoured_or_refused_never_a_warning(tmp_path, capsys, 
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("trainwise: error: --deterministic: the model runs put_")
     fault_log(kind="bad input", case="train --deterministic with a model using a non-deterministic kernel (put_)",
-              exit_code=2, message=err[0], lost=0)
+              exit_code=2, message=err[0])
 
 
 @pytest.mark.fault
@@ -142,14 +141,13 @@ def test_bench_resume_refuses_a_corrupt_results_file_and_leaves_it(content, tmp_
     out = tmp_path / "bench"
     out.mkdir()
     (out / "results.json").write_text(content)
-    before = tree_digest(out)
+    fault_log.watch(out)
     code = main(["bench", "tiny-llama", *SMALL, "--steps", "3", "--baseline", "none", "--out", str(out), "--resume"])
     err = capsys.readouterr().err.strip().splitlines()
-    lost = lost_files(before, tree_digest(out))
     assert code == 2 and len(err) == 1 and str(out / "results.json") in err[0] and "--resume" in err[0]
-    assert lost == 0 and sorted(p.name for p in out.iterdir()) == ["results.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["results.json"]
     fault_log(kind="bad input", case=f"bench --resume with results.json holding {content[:20]!r}", exit_code=2,
-              message=_readable(err[0], tmp_path), lost=lost)
+              message=_readable(err[0], tmp_path))
 
 
 @pytest.mark.fault
@@ -167,7 +165,7 @@ def test_out_of_memory_advice_suggests_only_what_runs_here(monkeypatch, fault_lo
     fits = fitting_changes(spec, plan, eight_bit)
     assert fits and all(change.get("optim") != "adamw-8bit" for change, _ in fits)
     fault_log(kind="bad input", case="out-of-memory advice on a machine without bitsandbytes", exit_code=None,
-              message="suggested: " + "; ".join(str(change) for change, _ in fits), lost=0)
+              message="suggested: " + "; ".join(str(change) for change, _ in fits))
 
 
 def _directory(tmp_path, config) -> str:
@@ -201,7 +199,7 @@ def test_a_config_json_with_a_bad_field_is_one_line_naming_it(command, field, va
     message = _refused(capsys, _argv(command, model, tmp_path), f"{model}/config.json", tmp_path)
     assert says in message and (field in message or field == "num_attention_heads")
     fault_log(kind="bad input", case=f"{command} on a config.json with {field}: {value!r}", exit_code=2,
-              message=_readable(message, tmp_path), lost=0)
+              message=_readable(message, tmp_path))
 
 
 def needs_a_size(model_size, batch_size=2):
@@ -215,7 +213,7 @@ def test_a_model_function_with_the_wrong_signature_is_refused_before_it_is_calle
     message = _refused(capsys, _argv(command, "test_refusals:needs_a_size", tmp_path), "MODEL", tmp_path)
     assert "'model_size'" in message and "batch_size and seq_len" in message
     fault_log(kind="bad input", case=f"{command} on a model function needing an argument trainwise does not pass",
-              exit_code=2, message=message, lost=0)
+              exit_code=2, message=message)
 
 
 def _video_classifier():
@@ -241,4 +239,4 @@ def test_a_model_of_an_unsupported_task_is_refused_with_the_supported_ones(comma
     assert f"a {built.model_type} model" in message
     assert "causal-lm, seq-cls, seq2seq, masked-lm, token-cls, image-cls, speech-seq2seq, ctc, vision-lm" in message
     fault_log(kind="bad input", case=f"{command} on a tiny {built.model_type} config directory", exit_code=2,
-              message=_readable(message, tmp_path), lost=0)
+              message=_readable(message, tmp_path))

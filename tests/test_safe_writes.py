@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fault_log import lost_files, tree_digest
+from fault_log import tree_digest
 from trainwise.cli.main import main
 from trainwise.common.atomic import MARKER, atomic_directory
 from trainwise.common.errors import InputError
@@ -68,10 +68,11 @@ OVERLAPS = [  # (CHECKPOINT, --out, both relative to the run; what is tried)
 def test_export_refuses_an_output_that_is_contains_or_lies_inside_the_source(run, source, out, case, capsys,
                                                                               fault_log):
     before = tree_digest(run)
+    fault_log.watch(run)
     line = _refused(["export", str(run / source), "--out", str(run / out)], capsys, "--out")
     assert "outside" in line
     assert tree_digest(run) == before
-    fault_log(kind="bad input", case=case, exit_code=2, message=line, lost=lost_files(before, tree_digest(run)))
+    fault_log(kind="bad input", case=case, exit_code=2, message=line)
 
 
 @pytest.mark.fault
@@ -79,10 +80,11 @@ def test_export_refuses_a_symlink_that_names_the_source(run, tmp_path, capsys, f
     alias = tmp_path / "alias"
     alias.symlink_to(run)
     before = tree_digest(run)
+    fault_log.watch(run)
     line = _refused(["export", str(run), "--out", str(alias / "final")], capsys, "--out")
     assert tree_digest(run) == before and alias.is_symlink()
     fault_log(kind="bad input", case="export RUN --out LINK/final, where LINK is a symlink to RUN", exit_code=2,
-              message=line, lost=lost_files(before, tree_digest(run)))
+              message=line)
 
 
 @pytest.mark.fault
@@ -90,19 +92,21 @@ def test_export_refuses_to_write_over_another_runs_checkpoint(run, trained, tmp_
     other = tmp_path / "other"
     shutil.copytree(trained, other)
     before = tree_digest(other)
+    fault_log.watch(other)
     line = _refused(["export", str(run), "--out", str(other / STEP)], capsys, "--out")
     assert "checkpoints" in line and tree_digest(other) == before
     fault_log(kind="bad input", case="export RUN --out OTHER_RUN/checkpoints/step-00000002", exit_code=2,
-              message=line, lost=lost_files(before, tree_digest(other)))
+              message=line)
 
 
 @pytest.mark.fault
 def test_export_refuses_to_replace_a_file(run, tmp_path, capsys, fault_log):
     target = tmp_path / "notes.txt"
     target.write_text("the user's own file\n")
+    fault_log.watch(target)
     line = _refused(["export", str(run), "--out", str(target)], capsys, "--out")
     assert str(target) in line and target.read_text() == "the user's own file\n"
-    fault_log(kind="bad input", case="export --out naming an existing file", exit_code=2, message=line, lost=0)
+    fault_log(kind="bad input", case="export --out naming an existing file", exit_code=2, message=line)
 
 
 @pytest.mark.fault
@@ -111,10 +115,11 @@ def test_export_refuses_a_directory_trainwise_did_not_write(run, tmp_path, capsy
     mine.mkdir()
     (mine / "weights.bin").write_bytes(b"\x01" * 64)
     before = tree_digest(mine)
+    fault_log.watch(mine)
     line = _refused(["export", str(run), "--out", str(mine)], capsys, "--out")
     assert str(mine) in line and tree_digest(mine) == before
     fault_log(kind="bad input", case="export --out naming a non-empty directory trainwise did not write",
-              exit_code=2, message=line, lost=lost_files(before, tree_digest(mine)))
+              exit_code=2, message=line)
 
 
 def test_export_replaces_its_own_earlier_export_and_an_empty_directory(run, tmp_path, capsys):
@@ -134,22 +139,24 @@ def test_export_replaces_its_own_earlier_export_and_an_empty_directory(run, tmp_
 def test_export_of_a_truncated_model_safetensors_is_refused_naming_the_file(run, tmp_path, capsys, fault_log):
     weights = run / STEP / "model.safetensors"
     os.truncate(weights, weights.stat().st_size // 2)
+    fault_log.watch(run)  # the damaged run, as it was handed to export
     out = tmp_path / "hf"
     line = _refused(["export", str(run), "--out", str(out)], capsys, "CHECKPOINT")
     assert str(weights) in line and not out.exists()
     fault_log(kind="fault", case="export of a checkpoint whose model.safetensors was truncated to half",
-              exit_code=2, message=line, lost=0)
+              exit_code=2, message=line)
 
 
 @pytest.mark.fault
 def test_export_of_weights_that_disagree_with_config_json_is_refused(run, tmp_path, capsys, fault_log):
     config = run / STEP / "config.json"
     config.write_text(_with_field(config.read_text(), "vocab_size", 300))
+    fault_log.watch(run)
     out = tmp_path / "hf"
     line = _refused(["export", str(run), "--out", str(out)], capsys, "CHECKPOINT")
     assert "model.safetensors" in line and "shape" in line and not out.exists()
     fault_log(kind="fault", case="export of a checkpoint whose config.json names another vocabulary size than "
-                                 "its weights", exit_code=2, message=line, lost=0)
+                                 "its weights", exit_code=2, message=line)
 
 
 def _with_field(text: str, field: str, value) -> str:
@@ -170,13 +177,14 @@ def test_an_export_that_does_not_read_back_is_not_put_in_place(run, tmp_path, ca
             os.truncate(target, Path(target).stat().st_size - 100)
 
     monkeypatch.setattr(export.shutil, "copy2", copy_that_loses_the_tail)
+    fault_log.watch(run)
     out = tmp_path / "hf"
     assert main(["export", str(run), "--out", str(out)]) == 1
     line = _error_line(capsys)
     assert "did not read back" in line and "model.safetensors" in line
     assert not out.exists() and not list(tmp_path.glob(".hf.*"))
     fault_log(kind="fault", case="export whose written model.safetensors loses its last 100 bytes (a failing "
-                                 "disk)", exit_code=1, message=line, lost=0)
+                                 "disk)", exit_code=1, message=line)
 
 
 @pytest.fixture
@@ -206,10 +214,11 @@ def test_export_of_a_truncated_distributed_shard_is_refused_naming_the_file(dist
     capsys.readouterr()
     shard = next((distributed_checkpoint / "dcp").glob("*.distcp"))
     os.truncate(shard, shard.stat().st_size // 2)
+    fault_log.watch(distributed_checkpoint)
     line = _refused(["export", str(distributed_checkpoint), "--out", str(out)], capsys, "CHECKPOINT")
     assert str(shard) in line and not out.exists()
     fault_log(kind="fault", case="export of a distributed checkpoint whose shard file was truncated to half",
-              exit_code=2, message=line, lost=0)
+              exit_code=2, message=line)
 
 
 # ---------------------------------------------------------------------------- every directory write
@@ -221,6 +230,7 @@ def test_atomic_directory_never_replaces_what_trainwise_did_not_write(tmp_path, 
     (theirs / "a").write_text("keep me too")
     link.symlink_to(theirs)
     before = tree_digest(tmp_path)
+    fault_log.watch(tmp_path)
     refusals = {}
     for path in (file, theirs, link):
         with pytest.raises(InputError, match=str(path)) as refused:
@@ -234,10 +244,9 @@ def test_atomic_directory_never_replaces_what_trainwise_did_not_write(tmp_path, 
     with atomic_directory(tmp_path / "ours") as tmp:  # its own: replaced
         (tmp / "v").write_text("2")
     assert (tmp_path / "ours" / "v").read_text() == "2"
-    lost = lost_files(before, tree_digest(tmp_path))
     for name, what in (("file", "a file"), ("theirs", "a directory of the user's"), ("link", "a symlink")):
         fault_log(kind="bad input", case=f"a directory write (checkpoint, final/, export) aimed at {what}",
-                  exit_code=2, message="trainwise: error: " + refusals[name], lost=lost)
+                  exit_code=2, message="trainwise: error: " + refusals[name])
 
 
 # ---------------------------------------------------------------------------- preflight
@@ -255,13 +264,13 @@ def test_train_output_naming_a_file_is_refused_before_the_build(tmp_path, capsys
     monkeypatch.setattr(training, "_build", _must_not_run)
     target = tmp_path / "run.txt"
     target.write_text("notes")
+    fault_log.watch(target)
     line = _quick_refusal([*TRAIN, "--output", str(target)], capsys, "--out")
     assert str(target) in line and "file" in line and target.read_text() == "notes"
     nested = _quick_refusal([*TRAIN, "--output", str(target / "sub")], capsys, "--out")
     assert "file" in nested and sorted(os.listdir(tmp_path)) == ["run.txt"]
-    fault_log(kind="bad input", case="train --output naming an existing file", exit_code=2, message=line, lost=0)
-    fault_log(kind="bad input", case="train --output naming a path under a file", exit_code=2, message=nested,
-              lost=0)
+    fault_log(kind="bad input", case="train --output naming an existing file", exit_code=2, message=line)
+    fault_log(kind="bad input", case="train --output naming a path under a file", exit_code=2, message=nested)
 
 
 @contextlib.contextmanager
@@ -297,7 +306,7 @@ def test_train_output_in_a_read_only_directory_is_refused(tmp_path, capsys, faul
         finally:
             if not mounted:
                 locked.chmod(0o755)
-    fault_log(kind="bad input", case=f"train --output inside {how}", exit_code=2, message=line, lost=0)
+    fault_log(kind="bad input", case=f"train --output inside {how}", exit_code=2, message=line)
 
 
 @pytest.mark.fault
@@ -316,7 +325,7 @@ def test_train_output_without_room_is_refused_with_the_numbers(tmp_path, capsys,
         assert "need " in line and "1.0 MiB free" in line and not os.listdir(small)
     how = "a 1 MiB tmpfs" if mounted else "a filesystem with 1 MiB free (disk_usage patched)"
     fault_log(kind="fault", case=f"train --output on {how}; the tiny model needs about 20 MiB", exit_code=2,
-              message=line, lost=0)
+              message=line)
 
 
 def test_the_room_a_run_needs_follows_the_plan():
@@ -340,10 +349,10 @@ def test_train_under_nproc_checks_the_output_before_torchrun(tmp_path, capsys, f
     monkeypatch.setattr(launch, "launch_local", _must_not_run)
     target = tmp_path / "run.txt"
     target.write_text("notes")
+    fault_log.watch(target)
     line = _quick_refusal([*TRAIN, "--nproc", "2", "--output", str(target)], capsys, "--out")
     assert "file" in line and target.read_text() == "notes"
-    fault_log(kind="bad input", case="train --nproc 2 --output naming an existing file", exit_code=2, message=line,
-              lost=0)
+    fault_log(kind="bad input", case="train --nproc 2 --output naming an existing file", exit_code=2, message=line)
 
 
 @pytest.mark.fault
@@ -356,10 +365,11 @@ def test_train_refuses_before_the_build_a_final_directory_it_did_not_write(tmp_p
     final.mkdir(parents=True)
     (final / "my-notes.txt").write_text("notes")
     before = tree_digest(tmp_path)
+    fault_log.watch(tmp_path)
     line = _quick_refusal([*TRAIN, "--output", str(tmp_path / "run")], capsys, "--out")
     assert str(final) in line and tree_digest(tmp_path) == before
     fault_log(kind="bad input", case="train --output RUN where RUN/final is a directory trainwise did not write",
-              exit_code=2, message=line, lost=lost_files(before, tree_digest(tmp_path)))
+              exit_code=2, message=line)
 
 
 @pytest.mark.fault
@@ -369,10 +379,11 @@ def test_bench_out_naming_a_file_is_refused_before_the_first_row(tmp_path, capsy
     monkeypatch.setattr(benchmark, "run_row", _must_not_run)
     target = tmp_path / "results"
     target.write_text("notes")
+    fault_log.watch(target)
     line = _quick_refusal(["bench", "tiny-llama", "--device", "cpu", "--steps", "3", "--out", str(target)], capsys,
                           "--out")
     assert "file" in line and target.read_text() == "notes"
-    fault_log(kind="bad input", case="bench --out naming an existing file", exit_code=2, message=line, lost=0)
+    fault_log(kind="bad input", case="bench --out naming an existing file", exit_code=2, message=line)
 
 
 def _must_not_run(*args, **kwargs):
@@ -395,8 +406,9 @@ def test_train_into_a_used_out_without_resume_is_refused_and_nothing_replaced(ru
 
     monkeypatch.setattr(training, "_build", _must_not_run)
     before = tree_digest(run)
+    fault_log.watch(run)
     line = _quick_refusal([*TRAIN, "--out", str(run)], capsys, "--out")
     assert "--resume" in line and "fresh folder" in line and "checkpoints/" in line and "final/" in line
     assert tree_digest(run) == before
     fault_log(kind="bad input", case="train --out RUN where RUN holds an earlier run, without --resume", exit_code=2,
-              message=line, lost=lost_files(before, tree_digest(run)))
+              message=line)
