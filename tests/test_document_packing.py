@@ -179,7 +179,7 @@ REFUSED = {
     "masked-lm model": ("estimate", "tiny-bert", []),
     "seq2seq model": ("estimate", "tiny-t5", []),
     "flash with more than one row": ("estimate", "tiny-llama", ["--device", "H100", "--attention", "flash",
-                                                                "--batch-size", "2"]),
+                                                                "--precision", "bf16", "--batch-size", "2"]),
     "pipeline stages": ("estimate", "tiny-llama", ["--device", "H100", "--pp", "2", "--nproc", "2"]),
     "train on a masked-lm model": ("train", "tiny-bert", ["--steps", "1", "--data", "synthetic"]),
 }
@@ -224,6 +224,6 @@ def test_attention_auto_picks_a_kernel_that_keeps_documents_apart(batch_size, ke
     from trainwise.api.compatibility import check_request
     from trainwise.hardware import resolve_device
 
-    plan = Plan(device="H100", attention="auto", packing="documents", batch_size=batch_size)
+    plan = Plan(device="H100", attention="auto", precision="bf16", packing="documents", batch_size=batch_size)
     resolved, notes = check_request(plan, resolve_device("H100"), resolve_model("tiny-llama"), here=False)
     assert resolved.attention == kernel and f"picked {kernel}" in notes[0]

@@ -183,11 +183,38 @@ def test_attention_choices_map_to_transformers_implementations():
     assert build_model(spec, attention="sdpa").config._attn_implementation == "sdpa"
 
 
-def test_flash_on_meta_builds_with_sdpa_and_records_the_request():
+def test_flash_on_meta_builds_the_traced_flash_kernel_not_sdpa():
+    from trainwise.models.flash_trace import NAME
+
     built = build_model_with_notes(resolve_model("tiny-llama"), device="meta", attention="flash")
-    assert built.attention_requested == "flash"
-    assert built.attention_used == "sdpa" == built.model.config._attn_implementation
-    assert "flash" in built.notes[0]
+    assert built.attention_requested == "flash" and built.notes == ()
+    assert built.attention_used == NAME == built.model.config._attn_implementation
+
+
+def test_the_estimate_of_flash_traces_the_flash_kernel_and_refuses_fp32(monkeypatch):
+    from trainwise.api import estimate
+    from trainwise.common.errors import InputError
+    from trainwise.models import flash_trace
+    from trainwise.plan.plan import Plan
+
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return torch.ops.aten._flash_attention_forward(*args, **kwargs)
+
+    monkeypatch.setattr(flash_trace, "KERNEL", counted)
+    spec = resolve_model("tiny-llama")
+    plan = Plan(device="H100-SXM", attention="flash", precision="bf16", batch_size=2, seq_len=40)
+    result = estimate(spec, plan)
+    assert not [note for note in result.notes if "sdpa" in note]
+    assert calls and all(shape[:2] == (2, 40) for shape in calls)  # flash's layout: batch, seq, heads, dim
+    calls.clear()
+    estimate(spec, plan.replace(attention="sdpa"))
+    assert not calls
+    with pytest.raises(InputError) as refused:
+        estimate(spec, plan.replace(precision="fp32"))
+    assert refused.value.field == "--attention" and "fp16 or bf16" in refused.value.message
 
 
 def test_family_without_sdpa_falls_back_to_eager_with_a_note(tmp_path):

@@ -83,7 +83,7 @@ def test_flash_without_the_flash_attn_package_is_refused_where_the_run_happens(m
 
     monkeypatch.setattr(installation, "installed", lambda package: False)
     monkeypatch.setattr(attention_rule, "installed", lambda package: False)
-    plan, device = Plan(attention="flash", device="A100-80GB"), resolve_device("A100-80GB")
+    plan, device = Plan(attention="flash", precision="bf16", device="A100-80GB"), resolve_device("A100-80GB")
     spec = resolve_model("tiny-llama")
     assert check_request(plan, device, spec, here=False)[0].attention == "flash"
     with pytest.raises(InputError) as refused:
@@ -100,9 +100,12 @@ def test_attention_auto_is_the_explicit_choice_that_picks_and_says_what(capsys):
     assert data["notes"][0].startswith("--attention auto picked sdpa; flash needs a CUDA GPU")
     from trainwise.api.compatibility import check_request
 
-    picked, notes = check_request(Plan(attention="auto", device="A100-80GB"), resolve_device("A100-80GB"),
-                                  resolve_model("tiny-llama"), here=False)
+    picked, notes = check_request(Plan(attention="auto", precision="bf16", device="A100-80GB"),
+                                  resolve_device("A100-80GB"), resolve_model("tiny-llama"), here=False)
     assert picked.attention == "flash" and notes == ["--attention auto picked flash"]
+    full, notes = check_request(Plan(attention="auto", device="A100-80GB"), resolve_device("A100-80GB"),
+                                resolve_model("tiny-llama"), here=False)  # fp32: flash-attn refuses its inputs
+    assert full.attention == "sdpa" and notes[0].startswith("--attention auto picked sdpa; flash runs in fp16 or bf16")
 
 
 def nondeterministic_model(batch_size=2, seq_len=8):

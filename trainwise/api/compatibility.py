@@ -55,7 +55,7 @@ def check_request_and_layout(plan: Plan, device: Device, spec: ModelSpec | None 
     if plan.attention != "auto":
         check_flash(plan, device, spec, here)
     else:
-        choice, note = packable_auto_pick(plan, *pick_attention(device, spec, here))
+        choice, note = packable_auto_pick(plan, *pick_attention(device, spec, here, plan.precision))
         plan, notes = plan.replace(attention=choice), [note, *notes]
     check_packing(plan, spec)  # after auto is resolved: flash packs documents only one row at a time
     return plan, notes, layout

@@ -142,7 +142,8 @@ def run(args) -> None:
     spec = resolve_model(args.model, task=args.task)
     plan, _ = fit_task_sequence(plan, spec)  # as trainwise's row: an image classifier's sequence is its patches
     if plan.attention == "auto":  # the pick trainwise's row makes, so both engines run one kernel
-        plan = plan.replace(attention=pick_attention(resolve_device(_device_name(device)), spec, here=True)[0])
+        plan = plan.replace(attention=pick_attention(resolve_device(_device_name(device)), spec, here=True,
+                                                  precision=plan.precision)[0])
     # Kernels and float8 are applied to the Trainer's model the way trainwise applies them
     # (the Trainer has no float8 switch), so the row compares the engines on one plan.
     check_kernels(plan, resolve_device(_device_name(device)), spec, here=True)

@@ -16,13 +16,22 @@ from trainwise.common.errors import InputError
 AUTO_ORDER = ("flash", "sdpa", "eager")
 
 
-def attention_refusal(choice: str, device: Device, spec: ModelSpec | None = None, here: bool = False) -> str | None:
+# flash-attn runs in half precision only; transformers hands it fp32 inputs unless autocast casts them
+FULL_PRECISIONS = ("fp32", "tf32")
+
+
+def attention_refusal(choice: str, device: Device, spec: ModelSpec | None = None, here: bool = False,
+                      precision: str | None = None) -> str | None:
     """Why `choice` ("flash", "sdpa" or "eager") cannot run for `spec` on `device`, or None.
-    `here`: the run happens on this machine, so the kernel's package must be installed."""
+    `here`: the run happens on this machine, so the kernel's package must be installed.
+    `precision`: the plan's, where known (flash needs fp16 or bf16 inputs)."""
     model_class = _model_class(spec)
     if choice == "flash":
         if device.kind == "cpu":
             return "flash needs a CUDA GPU (compute capability 8.0+); on cpu use sdpa or eager"
+        if precision in FULL_PRECISIONS:
+            return (f"flash runs in fp16 or bf16 only (flash-attn refuses {precision} inputs); use --precision bf16 "
+                    "or bf16-pure, or sdpa")
         gpu = device.gpu
         if gpu is not None and not gpu.supports_flash_attention:
             capability = "{}.{}".format(*gpu.compute_capability)
@@ -39,16 +48,17 @@ def attention_refusal(choice: str, device: Device, spec: ModelSpec | None = None
 def check_flash(plan, device: Device, spec: ModelSpec | None = None, here: bool = False) -> None:
     """InputError when the plan asks for flash and flash cannot run (never a silent sdpa)."""
     if plan.attention == "flash":
-        reason = attention_refusal("flash", device, spec, here)
+        reason = attention_refusal("flash", device, spec, here, plan.precision)
         if reason:
             raise InputError("--attention", reason)
 
 
-def pick_attention(device: Device, spec: ModelSpec | None = None, here: bool = False) -> tuple[str, str]:
+def pick_attention(device: Device, spec: ModelSpec | None = None, here: bool = False,
+                   precision: str | None = None) -> tuple[str, str]:
     """(the kernel `--attention auto` runs, a note saying so and why not the faster ones)."""
     passed_over = []
     for choice in AUTO_ORDER:
-        reason = attention_refusal(choice, device, spec, here)
+        reason = attention_refusal(choice, device, spec, here, precision)
         if reason is None:
             return choice, "; ".join((f"--attention auto picked {choice}", *passed_over))
         passed_over.append(reason.split(";")[0])

@@ -93,6 +93,11 @@ def _attention_implementation(spec: ModelSpec, attention: str, device: torch.dev
     model_class = head_model_class(spec.config, spec.task)
     notes = []
     if attention == "flash":
+        supported = model_class is None or getattr(model_class, "_supports_flash_attn", False)
+        if device.type == "meta" and supported:  # an estimate: trace the flash kernel itself
+            from trainwise.models.flash_trace import register
+
+            return register(), tuple(notes)
         if device.type != "cuda" or importlib.util.find_spec("flash_attn") is None:
             where = f"the {device.type} device" if device.type != "cuda" else "this machine (no flash_attn package)"
             notes.append(f"flash attention is unavailable on {where}; built with sdpa, flash was requested")
