@@ -3,6 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.trainwise-installed
+# torchao beside the virtualenv, on the path only for the float8 tests' pass of `make test`:
+# installed in it, transformers would import it in every process (tests/float8_package.py).
+TORCHAO := $(VENV)/torchao
+TORCHAO_STAMP := $(TORCHAO)/.installed
 
 .PHONY: setup demo test test-fast clean
 
@@ -19,12 +23,18 @@ $(STAMP): $(PY) pyproject.toml
 
 setup: $(STAMP)
 
+$(TORCHAO_STAMP): $(STAMP)
+	$(PY) -m pip install -q --no-deps --target $(TORCHAO) "torchao>=0.12,<0.19"
+	touch $(TORCHAO_STAMP)
+
 # The default ladder for this machine: bert-large-uncased on a GPU, the quick CPU ladder otherwise.
 demo: setup
 	$(VENV)/bin/trainwise bench --out bench-results
 
-test: setup
+# Then the float8 estimate's tests, which need torchao: there a missing torchao fails them.
+test: setup $(TORCHAO_STAMP)
 	$(PY) -m pytest
+	TRAINWISE_FLOAT8_PASS=1 PYTHONPATH=$(TORCHAO) $(PY) -m pytest -m float8 -p no:cacheprovider
 
 # Local iteration: leaves out the tests marked slow (over ~10 s) or distributed (torchrun/gloo).
 test-fast: setup

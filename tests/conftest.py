@@ -37,6 +37,8 @@ def private_profile_cache(tmp_path_factory, monkeypatch):
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "float8: needs torchao, which `make test` puts on the path in a second pass "
+                                       "(tests/float8_package.py)")
     config.addinivalue_line("markers", "fault: injects a fault or a bad input and records it for "
                                        "docs/reliability.md (benchmarks/reliability_report.py)")
     config.addinivalue_line("markers", "slow: takes over about 10 s of CPU on its own")

@@ -44,7 +44,10 @@ def launch(script: str | Path, nproc: int, tmp_path: Path, args: list[str] = (),
     results = Path(tmp_path) / f"results-{free_port()}"
     results.mkdir(parents=True)
     env = {**os.environ, RESULT_DIR_VARIABLE: str(results), "OMP_NUM_THREADS": "1",
-           "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO), **(extra_env or {})}
+           "CUDA_VISIBLE_DEVICES": "",
+           # the repository first; what the caller's path adds stays (torchao in make test's float8 pass)
+           "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))),
+           **(extra_env or {})}
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
                "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script), *args]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)

@@ -3,14 +3,17 @@ before the split (judged on the widths one rank multiplies), are split with torc
 float8 styles, and `estimate` prices the layout for a GPU target (float8 matmuls on the
 per-rank shapes; under FSDP2 the weights all-gathered at one byte). Running it needs a
 CUDA GPU of compute capability 8.9+: the GPU stage `tp-compile` of
-benchmarks/gpu_validation.sh checks it there. Every test skips without torchao."""
+benchmarks/gpu_validation.sh checks it there. Every test needs torchao (tests/float8_package.py)."""
 
 import json
 
 import pytest
 import torch
 
-pytest.importorskip("torchao.float8")
+from float8_package import needs_torchao  # noqa: E402
+
+pytestmark = pytest.mark.float8
+needs_torchao()
 
 from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel  # noqa: E402
 from torch.distributed.tensor import Shard  # noqa: E402

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from torch import nn
 
+from float8_package import needs_torchao
 from trainwise.api.compatibility import check_request
 from trainwise.cli.main import main
 from trainwise.hardware import resolve_device
@@ -186,8 +187,9 @@ def test_float8_converts_the_block_linears_and_leaves_the_head_and_odd_widths():
     assert [name for name, module in odd.items() if keep_odd(module, name)] == ["square"]
 
 
+@pytest.mark.float8
 def test_float8_with_torchao_swaps_exactly_the_filtered_layers():
-    pytest.importorskip("torchao.float8")
+    needs_torchao()
     from torchao.float8.float8_linear import Float8Linear
 
     from trainwise.techniques.float8 import apply_float8
@@ -197,8 +199,9 @@ def test_float8_with_torchao_swaps_exactly_the_filtered_layers():
     assert len(swapped) == 14 and not isinstance(model.lm_head, Float8Linear)  # 7 linears x 2 blocks
 
 
+@pytest.mark.float8
 def test_the_estimate_traces_float8_matmuls_at_the_float8_rate():
-    pytest.importorskip("torchao.float8")
+    needs_torchao()
     from trainwise.api import estimate
 
     plain = estimate("tiny-llama", Plan(device="H100", precision="bf16", seq_len=64, batch_size=2))
@@ -208,12 +211,13 @@ def test_the_estimate_traces_float8_matmuls_at_the_float8_rate():
     assert fp8.time.breakdown["elementwise"] > plain.time.breakdown["elementwise"]
 
 
+@pytest.mark.float8
 def test_fsdp_gathers_float8_weights_at_one_byte_and_reduces_each_scale_first():
     """Under FSDP2 torchao all-gathers a float8 layer's weight in float8: the estimate's
     gathered-parameter buffer drops by one byte per converted element of each gathered
     block, the all-gather moves those bytes less, and each gather pays one scale all-reduce
     per float8 weight (7 per tiny-llama block)."""
-    pytest.importorskip("torchao.float8")
+    needs_torchao()
     from trainwise.api import estimate
 
     layout = {"device": "H100", "nproc": 2, "fsdp": 2, "zero": 3, "precision": "bf16", "compile": True,
