@@ -41,6 +41,26 @@ def test_a_slope_that_leaves_the_host_less_than_a_bare_dispatch_is_noise_the_hos
     assert factor == pytest.approx((0.2 - 0.0004 - 700 * 2e-6) / 0.0136)  # the large step's remainder
 
 
+def test_a_step_measured_faster_than_its_hot_kernels_is_held_at_a_factor_of_one():
+    """Below 1 the slope is noise (a step's kernels do not beat the same kernels hot): the
+    factor is 1 and the host time per op is what the small step leaves at that factor."""
+    small = {"step_s": 0.010, "arithmetic_s": 0.002, "ops": 1000}
+    large = {"step_s": 0.015, "arithmetic_s": 0.012, "ops": 1000}  # a slope of 0.5
+    host, factor = host_and_factor(small, large)
+    assert factor == 1.0
+    assert host == pytest.approx((0.010 - 0.002) / 1000)
+    steep = {"step_s": 0.030, "arithmetic_s": 0.012, "ops": 1000}  # a slope of 2 is kept
+    assert host_and_factor(small, steep)[1] == pytest.approx(2.0)
+
+
+def test_a_contraction_ratio_below_one_is_held_at_one_and_recorded_as_measured():
+    from trainwise.bench.calibrate_replay import contraction_from
+
+    assert contraction_from(in_step_s=0.8, replayed_s=1.0) == (1.0, pytest.approx(0.8))
+    assert contraction_from(in_step_s=1.5, replayed_s=1.0) == (pytest.approx(1.5), pytest.approx(1.5))
+    assert contraction_from(in_step_s=0.5, replayed_s=0.0) == (1.0, 1.0)  # nothing replayed: no evidence
+
+
 def test_the_contraction_factor_times_exactly_the_steps_matmul_and_attention_ops():
     """Each matmul and attention op of the reference step, timed in the step and replayed
     hot; the factor is their ratio, never below 1 (a step does not beat hot operands)."""

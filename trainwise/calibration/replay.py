@@ -47,6 +47,13 @@ class _ContractionTimer(TorchDispatchMode):
         return out
 
 
+def contraction_from(in_step_s: float, replayed_s: float) -> tuple[float, float]:
+    """(the factor, the measured ratio): in-step over replayed seconds, the factor held at
+    >= 1 (a step's kernels do not beat the same kernels hot; below is noise)."""
+    ratio = in_step_s / replayed_s if replayed_s > 0 else 1.0
+    return max(ratio, 1.0), ratio
+
+
 def contraction_factor(device: torch.device, plan) -> tuple[float, dict]:
     """(in-step seconds / hot-replay seconds of the reference step's matmul and attention
     ops under `plan`, held at >= 1; what was measured). CPU only: on a GPU the clock would
@@ -60,8 +67,8 @@ def contraction_factor(device: torch.device, plan) -> tuple[float, dict]:
     with timer:
         for _ in range(STEPS_TIMED):
             one_step()
-    ratio = timer.in_step_s / timer.replayed_s if timer.replayed_s > 0 else 1.0
-    return max(ratio, 1.0), {"what": "the reference step's matmul and attention ops, timed in the step and replayed "
+    factor, ratio = contraction_from(timer.in_step_s, timer.replayed_s)
+    return factor, {"what": "the reference step's matmul and attention ops, timed in the step and replayed "
                                      "at once with hot operands (best of 2)",
                              "batch_size": plan.batch_size, "seq_len": plan.seq_len,
                              "in_step_s": timer.in_step_s / STEPS_TIMED, "replayed_s": timer.replayed_s / STEPS_TIMED,
