@@ -197,12 +197,21 @@ def test_a_failing_rank_ends_the_job_with_its_error(tmp_path):
 @pytest.mark.distributed
 def test_cli_launches_processes_with_nproc(tmp_path):
     """The command as a shell runs it, less the start-up of a Python for the launcher: it
-    still starts torchrun and two fresh workers (its stderr goes to pytest's report)."""
-    metrics = tmp_path / "metrics.jsonl"
+    still starts torchrun and two fresh workers (its stderr goes to pytest's report). The
+    run's tokenizer is saved beside the final model, as a one-process run saves it."""
+    from test_chat_data import CONVERSATION, chat_tokenizer_dir, write_jsonl
+    from transformers import AutoTokenizer
+
+    tokenizer, _ = chat_tokenizer_dir(tmp_path)
+    data = write_jsonl(tmp_path / "chat.jsonl", [{"messages": CONVERSATION}] * 8)
+    metrics, out = tmp_path / "metrics.jsonl", tmp_path / "out"
     assert main(["train", "tiny-llama", "--nproc", "2", "--zero", "2", "--device", "cpu", "--steps", "3",
-                 "--data", "synthetic", "--batch-size", "2", "--seq-len", "32", "--metrics", str(metrics)]) == 0
+                 "--data", str(data), "--chat", "messages", "--tokenizer", str(tokenizer), "--batch-size", "2",
+                 "--seq-len", "32", "--metrics", str(metrics), "--out", str(out), "--no-chart"]) == 0
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [line["step"] for line in lines[:-1]] == [1, 2, 3] and "summary" in lines[-1]
+    assert (out / "final" / "tokenizer.json").is_file()
+    assert AutoTokenizer.from_pretrained(out / "final").get_vocab() == AutoTokenizer.from_pretrained(tokenizer).get_vocab()
 
 
 def test_cli_bad_layout_is_one_line_exit_2(capsys):

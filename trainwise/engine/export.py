@@ -35,13 +35,13 @@ def export_final(output_dir, model: nn.Module, *, tokenizer=None) -> dict[str, P
         adapter = output_dir / "final-adapter"
         with atomic_directory(adapter) as tmp, quiet_progress_bars():
             model.save_pretrained(tmp, safe_serialization=True)
-            _save_tokenizer(tokenizer, tmp)
+            save_tokenizer(tokenizer, tmp)
         exports["LoRA adapter"] = adapter
         model = host_copy(model).merge_and_unload()
     final = output_dir / "final"
     with atomic_directory(final) as tmp:
         save_weights(model, tmp)
-        _save_tokenizer(tokenizer, tmp)
+        save_tokenizer(tokenizer, tmp)
     exports["final model (LoRA merged)" if exports else "final model"] = final
     return exports
 
@@ -60,6 +60,7 @@ def host_copy(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def _save_tokenizer(tokenizer, folder: Path) -> None:
+def save_tokenizer(tokenizer, folder: Path) -> None:
+    """The run's tokenizer beside its model (None: the run read byte tokens, there is none)."""
     if tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
         tokenizer.save_pretrained(folder)

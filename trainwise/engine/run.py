@@ -248,7 +248,7 @@ def _export(run: RunConfig, setup: TrainingSetup, checkpoint: Path) -> dict:
         return export_final(run.output, setup.model, tokenizer=_run_tokenizer(run))
     from trainwise.engine.parallel.distributed_checkpoint import export_from_distributed
 
-    return export_from_distributed(run.output, checkpoint, setup)
+    return export_from_distributed(run.output, checkpoint, setup, tokenizer=_run_tokenizer(run))
 
 
 def _run_tokenizer(run: RunConfig):

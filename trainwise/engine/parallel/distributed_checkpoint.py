@@ -47,6 +47,7 @@ from trainwise.engine.checkpoint import (CHECKPOINTS, FORMAT, INFO_FILE, STATE_F
 from trainwise.engine.checkpoint_manifest import write_manifest
 from trainwise.engine.checkpoint_rng import rng_states, set_rng_states
 from trainwise.engine.checkpoint_weights import unwrap
+from trainwise.engine.export import save_tokenizer
 from trainwise.engine.parallel.checkpoint_shapes import (fused_projections, to_checkpoint_shapes, to_model_shapes,
                                                         to_transformers_shapes)
 from trainwise.common.atomic import atomic_directory
@@ -194,9 +195,9 @@ def load_distributed_checkpoint(path, *, setup, plan) -> TrainingState:
     return state
 
 
-def export_from_distributed(output, checkpoint: Path, setup) -> dict:
+def export_from_distributed(output, checkpoint: Path, setup, tokenizer=None) -> dict:
     """OUTPUT/final/ as a Hugging Face directory, gathered from the shards (every rank
-    takes part in the gather; rank 0 writes)."""
+    takes part in the gather; rank 0 writes), with the run's tokenizer beside it."""
     full = get_model_state_dict(setup.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     final = Path(output) / "final"
     if setup.distributed.is_main:
@@ -207,6 +208,7 @@ def export_from_distributed(output, checkpoint: Path, setup) -> dict:
         full = to_transformers_shapes(full, fused_projections(model))  # tensor parallel holds some per part
         with atomic_directory(final) as tmp:
             model.save_pretrained(tmp, state_dict=full, safe_serialization=True)
+            save_tokenizer(tokenizer, tmp)
     dist.barrier()
     return {"final model" if not hasattr(unwrap(setup.model), "peft_config") else "LoRA adapter": final}
 
