@@ -170,6 +170,9 @@ def test_train_device_naming_another_gpu_than_this_machines_is_refused(monkeypat
     (["train", "tiny-llama", "--data", "no-such-file.jsonl"], "--data"),
     (["train", "tiny-llama", "--chat", "messages", "--data", "builtin"], "--chat"),
     (["train", "tiny-llama", "--tokenizer", "no-such-dir"], "--tokenizer"),
+    (["estimate", "tiny-llama", "--device", "H10"], "did you mean H100"),
+    (["plan", "tiny-llama", "--device", "a100x"], "--device"),
+    (["train", "tiny-llama", "--device", "H1000"], "--device"),
 ])
 def test_a_bad_flag_or_missing_file_is_answered_before_torch_is_imported(argv, field, tmp_path):
     code = ("import sys; from trainwise.cli.main import main; "
