@@ -198,3 +198,22 @@ def test_render_engine_speed_shows_no_ratio_for_a_launch_cut_before_its_timed_ru
     text = out.read_text()
     assert "| m | not measured (the launch ended before its timed runs) | - |" in text
     assert "- m, trainwise: tried 4: ok, 8: oom; largest that ran: 4\n" in text
+
+
+def _hand_assembled(page: Path) -> bool:
+    """A page whose provenance says a person put it together (no script rendered it)."""
+    return "by hand" in provenance.parse(page.read_text()).get("command", "")
+
+
+def test_wherever_readme_quotes_a_hand_assembled_page_it_says_so():
+    readme = (REPO / "README.md").read_text().splitlines()
+    quoted = [(line, REPO / link) for line in readme for link in re.findall(r"\((docs/results/[\w.-]+\.md)\)", line)]
+    assert quoted, "README quotes no results page"
+    for line, page in quoted:
+        if _hand_assembled(page):
+            assert "by hand" in line, f"README quotes {page.name}, assembled by hand, without saying so: {line[:120]}"
+
+
+def test_a_hand_assembled_page_is_recognised_from_its_provenance():
+    assert _hand_assembled(REPO / "docs" / "results" / "memory-H100.md")
+    assert not _hand_assembled(REPO / "docs" / "results" / "time-model-cpu.md")
