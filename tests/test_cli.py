@@ -88,3 +88,21 @@ def test_models_lists_the_catalog_with_parameter_counts(capsys):
     assert code == 0
     assert entries["bert-large-uncased"]["params"] == BERT_LARGE_PARAMS
     assert {"tiny-llama", "tiny-gpt2", "tiny-bert", "tiny-t5", "tiny-mixtral"} <= set(entries)
+
+
+def test_by_module_shares_are_of_the_whole_models_activations_not_the_traced_blocks():
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from trainwise.cli.render_estimate import _module_table
+
+    # A 16-block model traced on 2 blocks: 2 x 10 bytes of blocks and a 20-byte head traced,
+    # 16 x 10 + 20 = 180 bytes in the whole model.
+    result = SimpleNamespace(traced_blocks=(0, 2), total_blocks=16, memory=SimpleNamespace(activations=180),
+                             activations_by_module={"model.layers.0": 10, "model.layers.1": 10, "lm_head": 20})
+    console = Console(width=200, record=True)
+    console.print(_module_table(result))
+    text = console.export_text()
+    assert "share of all activations" in text
+    assert "11.1 %" in text and "5.6 %" in text  # 20/180 and 10/180, not 50 % and 25 % of the traced 40

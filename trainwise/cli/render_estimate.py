@@ -122,8 +122,10 @@ def _module_table(result: EstimateResult) -> Table:
     table = Table(title=title, title_justify="left")
     table.add_column("module")
     table.add_column("saved", justify="right")
-    table.add_column("share", justify="right")
-    total = sum(result.activations_by_module.values()) or 1
+    # Of the whole model's activations (every block), not of the traced ones: a head's share
+    # of a 2-block trace would read several times its share of a 16-block model.
+    table.add_column("share of all activations", justify="right")
+    total = result.memory.activations or sum(result.activations_by_module.values()) or 1
     for module, nbytes in sorted(result.activations_by_module.items(), key=lambda kv: -kv[1])[:40]:
         table.add_row(module, human_bytes(nbytes), f"{100 * nbytes / total:.1f} %")
     return table
