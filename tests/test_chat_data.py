@@ -141,3 +141,21 @@ def test_train_fine_tunes_on_a_chat_file(tmp_path, capsys):
     assert code == 0 and "assistant tokens carry the loss" in out
     losses = [json.loads(line)["loss"] for line in metrics.read_text().splitlines() if '"step"' in line]
     assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
+
+
+def test_a_chat_runs_summary_says_that_padding_to_the_longest_row_explains_its_lower_memory():
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from trainwise.cli.render_train import padding_note, render_summary
+
+    summary = {"steps": 3, "time_s": 5.0, "samples_per_s": 2.0, "tokens_per_s": 38.0, "peak_allocated": 4 << 20,
+               "final_loss": 6.7, "memory_method": "cpu"}
+    chat = SimpleNamespace(summary=summary, predicted={"peak_allocated": 5 << 20}, plan=SimpleNamespace(seq_len=64),
+                           run=SimpleNamespace(chat="messages"), outcome=None)
+    console = Console(width=400, record=True)
+    render_summary(chat, console)
+    text = console.export_text()
+    assert "memory predicted for full rows of 64 tokens" in text and "averaged 19 tokens (measured)" in text
+    assert padding_note(SimpleNamespace(**{**vars(chat), "run": SimpleNamespace(chat=None)})) is None

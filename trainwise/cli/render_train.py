@@ -106,6 +106,8 @@ def render_summary(result: TrainResult, console: Console) -> None:
         table.add_row("skipped steps", str(summary["skipped_steps"]), "", "")
     console.print(table)
     console.print(f"memory measured by: {summary.get('memory_method')}", highlight=False)
+    if padding_note(result):
+        console.print(padding_note(result), highlight=False)
     if summary.get("compile_cache"):
         console.print(f"compile cache: {summary['compile_cache']}", highlight=False)
     for report in summary.get("reports") or ():
@@ -115,6 +117,18 @@ def render_summary(result: TrainResult, console: Console) -> None:
         console.print(f"checkpoint: {outcome.checkpoint}")
     for name, path in (outcome.exports if outcome else {}).items():
         console.print(f"{name}: {path}")
+
+
+def padding_note(result: TrainResult) -> str | None:
+    """Why a --chat run's measured memory differs from the prediction: the estimate is for
+    full rows of --seq-len tokens, while chat batches are padded only to their longest row."""
+    if not getattr(result.run, "chat", None) or not result.predicted:
+        return None
+    summary = result.summary
+    tokens, samples = summary.get("tokens_per_s"), summary.get("samples_per_s")
+    rows = (f"; this run's rows averaged {tokens / samples:.0f} tokens (measured)" if tokens and samples else "")
+    return (f"note: memory predicted for full rows of {result.plan.seq_len} tokens (--seq-len); --chat pads each "
+            f"micro-batch only to its longest conversation (a multiple of 8){rows}, so it measures less")
 
 
 def _rate(value) -> str:
