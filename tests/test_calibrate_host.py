@@ -54,7 +54,7 @@ def test_a_step_measured_faster_than_its_hot_kernels_is_held_at_a_factor_of_one(
 
 
 def test_a_contraction_ratio_below_one_is_held_at_one_and_recorded_as_measured():
-    from trainwise.bench.calibrate_replay import contraction_from
+    from trainwise.calibration.replay import contraction_from
 
     assert contraction_from(in_step_s=0.8, replayed_s=1.0) == (1.0, pytest.approx(0.8))
     assert contraction_from(in_step_s=1.5, replayed_s=1.0) == (pytest.approx(1.5), pytest.approx(1.5))
