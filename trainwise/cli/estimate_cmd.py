@@ -53,7 +53,7 @@ def run(args) -> int:
         raise InputError("--plan", "auto is for `trainwise train`; to search plans use `trainwise plan`")
     foreign = read_foreign(args)
     plan = plan_from_args(args, foreign.values if foreign else None)
-    check_device_name(plan)
+    check_device_name(plan.device)
     per_node = per_node or (foreign.gpus_per_node if foreign else None)
     # torch and transformers (seconds of a cold start) only once the flags are known good.
     from rich.console import Console

@@ -62,14 +62,14 @@ def plan_from_args(args: argparse.Namespace, underneath: dict[str, Any] | None =
     return plan_from_sources(args.plan, {**(underneath or {}), **typed_values(args, Plan.specs())})
 
 
-def check_device_name(plan: Plan) -> None:
+def check_device_name(device: str | None) -> None:
     """Refuse an unknown --device now, before the seconds torch and transformers take to
     import (InputError naming the closest GPU). "cuda" names the GPU present: the command
-    detects it once, later."""
-    if not plan.device.strip().lower().startswith("cuda"):
+    detects it once, later. None: the command takes no --device."""
+    if device is not None and not device.strip().lower().startswith("cuda"):
         from trainwise.hardware.resolve import resolve_device
 
-        resolve_device(plan.device)
+        resolve_device(device)
 
 
 def add_auto_batch_flags(parser: argparse.ArgumentParser) -> None:

@@ -95,9 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "run", None):
             print(QUICKSTART)
             return EXIT_OK if not argv else EXIT_BAD_INPUT
-        from trainwise.hardware.resolve import check_device_name
+        from trainwise.cli.flags import check_device_name
 
-        check_device_name(getattr(args, "device", None))  # a misspelt GPU: answered before the heavy imports
+        check_device_name(getattr(args, "device", None))  # every command's: before the heavy imports
         return args.run(args) or EXIT_OK
     except InputError as err:
         if debug:

@@ -90,7 +90,7 @@ def run(args) -> int:
                    inter_node_gbps=number_option(args, "inter_node_gbps", float, 0),
                    margin=number_option(args, "memory_margin", float, 0), installed_only=args.installed_only)
     plan = plan_from_args(args)
-    check_device_name(plan)
+    check_device_name(plan.device)
     # torch and transformers (seconds of a cold start) only once the flags above are known good.
     from rich.console import Console
 

@@ -36,18 +36,6 @@ def resolve_device(name: str) -> Device:
     raise InputError(FIELD, f"unknown GPU {text!r}; {hint}known: {', '.join(_known_names(text))}")
 
 
-def check_device_name(name: str | None) -> None:
-    """InputError for a --device value that names no device; cpu, cuda and catalog names
-    pass. Detects no GPU and imports no torch, so a typo is answered before the heavy
-    imports (None: the command was given no --device)."""
-    if name is None:
-        return
-    lowered = str(name).strip().lower()
-    if lowered == "cpu" or re.fullmatch(r"cuda(?::(\d+))?", lowered):
-        return
-    resolve_device(name)
-
-
 def _present_cuda_device(index: int) -> Device:
     present = detect.detect_gpus()
     if not present:
