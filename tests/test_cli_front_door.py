@@ -250,3 +250,13 @@ def test_tables_fit_80_columns_without_cutting_a_word(argv, capsys, monkeypatch)
 def test_a_misspelled_command_or_choice_names_the_closest(argv, expected, capsys):
     code, _, err = run_cli(capsys, *argv)
     assert code == 2 and expected in err and err.count("trainwise") == 1
+
+
+def test_the_api_package_imports_without_torch_and_its_estimate_stays_the_function(tmp_path):
+    """The command line's pre-launch checks live in api/: importing api/ must not import torch,
+    and `trainwise.api.estimate` names the function even after its module of that name loads."""
+    code = ("import sys, types; import trainwise.api as api; light = 'torch' not in sys.modules; "
+            "from trainwise.api.estimate import EstimateResult; from trainwise.api import estimate; "
+            "print(light, callable(estimate) and not isinstance(estimate, types.ModuleType) and api.estimate is estimate)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.stdout.split() == ["True", "True"], result.stderr
