@@ -10,10 +10,9 @@ import os
 import re
 import sys
 
-from trainwise.engine.preemption import Preempted
 from trainwise.cli.suggest import unknown_flags_message
 from trainwise.common.suggest import closest
-from trainwise.common.errors import InputError, OutOfMemory, WriteFailed
+from trainwise.common.errors import InputError, OutOfMemory, Preempted, WriteFailed
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_OOM, EXIT_WRITE = 0, 1, 2, 3, 4
 

@@ -38,6 +38,8 @@ import threading
 from pathlib import Path
 from typing import Iterator
 
+from trainwise.common.errors import Preempted
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 # torchrun relays these to its workers (its default list lacks SIGUSR1).
 TORCHRUN_RELAYS = "SIGTERM,SIGINT,SIGUSR1,SIGHUP,SIGQUIT"
@@ -45,19 +47,6 @@ TORCHRUN_RELAYS = "SIGTERM,SIGINT,SIGUSR1,SIGHUP,SIGQUIT"
 # written, and the launcher's process id, sent NOTICE_SIGNAL after the write.
 STOP_NOTICE, LAUNCHER_PID = "TRAINWISE_STOP_NOTICE", "TRAINWISE_LAUNCHER_PID"
 NOTICE_SIGNAL = signal.SIGUSR2
-
-
-class Preempted(Exception):
-    """The run stopped on a signal after `step` of `total` steps; `checkpoint` is where it
-    was saved (None: no --out, nothing saved). `exit_code` is 128 + the signal number."""
-
-    def __init__(self, signum: int, step: int, total: int, checkpoint: Path | None):
-        self.signum, self.step, self.total, self.checkpoint = signum, step, total, checkpoint
-        self.exit_code = 128 + signum
-        name = signal.Signals(signum).name
-        where = (f"checkpoint saved in {checkpoint}; continue with --resume" if checkpoint is not None
-                 else "nothing could be saved (no --out): rerun with --out DIR to keep progress")
-        super().__init__(f"stopped by {name} after step {step} of {total}; {where}")
 
 
 class StopSignals:
