@@ -13,7 +13,9 @@ import torch
 
 from trainwise.api.compatibility import check_request
 from trainwise.api.estimate import estimate
-from trainwise.bench.baseline_ratio import add_baseline_ratios
+# baseline_ratio also for the bench table's ratio cell (cli/render_bench.py): the command line reaches
+# the bench through api/ only.
+from trainwise.bench.baseline_ratio import add_baseline_ratios, baseline_ratio
 from trainwise.bench.capability import skip_reason
 from trainwise.bench.chart import save_chart
 from trainwise.bench.ladders import Rung, load_ladder

@@ -38,7 +38,7 @@ from trainwise.models import ModelSpec
 from trainwise.plan.layout import Layout
 from trainwise.plan.plan import Plan
 
-__all__ = ["TrainResult", "check_train_request", "train"]
+__all__ = ["StepLog", "TrainResult", "check_train_request", "train"]
 
 
 def train(model: str | ModelSpec | nn.Module = "tiny-llama", data: str | Iterable | None = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from trainwise.bench.baseline_ratio import baseline_ratio
+from trainwise.api.benchmark import baseline_ratio
 from trainwise.common.noise import SPREAD_LIMIT, spread_text
 from trainwise.common.units import bytes_or_na, signed_percent
 

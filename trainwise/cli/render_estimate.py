@@ -8,7 +8,7 @@ from rich.table import Table
 from trainwise.api.estimate import EstimateResult
 from trainwise.cli.render_step_time import render_step_time
 from trainwise.common.units import human_bytes, human_count
-from trainwise.techniques.checkpointing import describe_checkpointing
+from trainwise.plan.technique_names import describe_checkpointing
 
 # (key in MemoryEstimate, label, where the number comes from)
 PARTS = (

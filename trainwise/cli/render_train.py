@@ -9,8 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from trainwise.api.training import TrainResult
-from trainwise.engine.run import StepLog
+from trainwise.api.training import StepLog, TrainResult
 from trainwise.common.units import human_bytes
 
 

@@ -23,3 +23,13 @@ def techniques_of(plan) -> tuple[str, ...]:
         (plan.cpu_offload, "cpu offload"),
     ]
     return tuple(name for uses, name in named if uses)
+
+
+def describe_checkpointing(plan) -> str:
+    """How a plan checkpoints, for a plan line: "grad-ckpt", "grad-ckpt selective every 2"..."""
+    words = ["grad-ckpt"]
+    if plan.grad_ckpt_policy != "full":
+        words.append(plan.grad_ckpt_policy)
+    if plan.grad_ckpt_every > 1:
+        words.append(f"every {plan.grad_ckpt_every}")
+    return " ".join(words)

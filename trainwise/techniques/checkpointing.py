@@ -52,16 +52,6 @@ def _keep_activations_between(model: nn.Module, every: int) -> None:
             block.gradient_checkpointing = index % every == 0
 
 
-def describe_checkpointing(plan) -> str:
-    """How a plan checkpoints, for a plan line: "grad-ckpt", "grad-ckpt selective every 2"..."""
-    words = ["grad-ckpt"]
-    if plan.grad_ckpt_policy != "full":
-        words.append(plan.grad_ckpt_policy)
-    if plan.grad_ckpt_every > 1:
-        words.append(f"every {plan.grad_ckpt_every}")
-    return " ".join(words)
-
-
 def wrap_forward(block: nn.Module, policy: str) -> None:
     """Checkpoint `block`'s forward (not `__call__`, so module hooks stay outside)."""
     block.forward = functools.partial(checkpoint, block.forward, **checkpoint_kwargs(policy))
