@@ -10,7 +10,7 @@ RECONCILIATION markers, leaving the measured part of the page as it is:
 The measured figures are the GPU run's, given on the command line so the page names them.
 What it computes, for Llama-3.1-8B bf16-pure 4 x 2048 on the H100-80GB catalog device:
 the offloaded plan's estimate (peak allocated, reserved, device total); the one-device
-step the per-rank estimate scales from (trainwise/estimate/per_rank.py adds that step's
+step the per-rank estimate scales from (trainwise/estimator/per_rank.py adds that step's
 reserved-minus-allocated "slack" to the rank's peak); and, replaying that step's
 allocations through the caching-allocator model at its reserved peak, how much of the
 slack sits in wholly free segments, which the real allocator releases and retries with
@@ -84,10 +84,10 @@ def _cache_at_reserved_peak() -> dict:
     """Replay the one-device step through the allocator model; at its reserved peak, the
     free bytes in wholly free segments (released on memory pressure) and in free parts of
     segments still partly in use (not released)."""
-    from trainwise.estimate import memory as memory_model
-    from trainwise.estimate.caching_allocator import CachingAllocatorModel
-    from trainwise.estimate.extrapolate import TRACED_BLOCKS, block_count, extrapolated_stacks, synthesize_trace
-    from trainwise.estimate.extrapolate import with_blocks
+    from trainwise.estimator import memory as memory_model
+    from trainwise.estimator.caching_allocator import CachingAllocatorModel
+    from trainwise.estimator.extrapolate import TRACED_BLOCKS, block_count, extrapolated_stacks, synthesize_trace
+    from trainwise.estimator.extrapolate import with_blocks
     from trainwise.hardware import resolve_device
     from trainwise.models import resolve_model
     from trainwise.plan.plan import Plan
@@ -134,7 +134,7 @@ Verdict: **the reserved model under CPU offload is pessimistic; the run was not 
   {g['offload_allocated']:.2f} GiB allocated + {g['context']:.2f} GiB context leave
   {args.usable_gib - g['offload_allocated'] - g['context']:.1f} GiB of the {args.usable_gib:.2f} usable for the allocator's cache.
 - The rank's reserved figure is its peak allocated plus a slack of {slack:.2f} GiB that the
-  per-rank estimate (trainwise/estimate/per_rank.py) takes whole from the one-device step it
+  per-rank estimate (trainwise/estimator/per_rank.py) takes whole from the one-device step it
   scales from. That step (no offload: {g['single_allocated']:.2f} GiB allocated,
   {g['single_reserved']:.2f} GiB reserved, slack {single_slack:.2f} GiB) keeps every weight,
   gradient and AdamW moment on the device ({g['host']:.1f} GiB that offload keeps on the

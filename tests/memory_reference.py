@@ -1,6 +1,6 @@
 """Measure one real training step on CPU: the reference the tracer's estimates are checked against.
 
-Nothing here uses the tracer (`trainwise.trace`) or the estimator (`trainwise.estimate`):
+Nothing here uses the tracer (`trainwise.trace`) or the estimator (`trainwise.estimator`):
 the step runs on real CPU tensors and every figure is read from PyTorch itself. Only the
 step *recipe* is shared (`trainwise.techniques`: precision policy, prepare_model, build_optimizer,
 compute_loss), because that is what is being estimated. The step sequence is written out

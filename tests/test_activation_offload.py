@@ -16,7 +16,7 @@ from torch import nn
 
 from trainwise.api import estimate
 from trainwise.cli.main import main
-from trainwise.estimate.activation_offload_time import OffloadTraffic, activation_offload_seconds
+from trainwise.estimator.activation_offload_time import OffloadTraffic, activation_offload_seconds
 from trainwise.hardware.profile import DeviceProfile, Rate
 from trainwise.models import build_model, example_batch, resolve_model
 from trainwise.plan.plan import Plan

@@ -7,7 +7,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "trainwise"
 # Bottom to top, as docs/architecture.md lists them. A module may import its own layer and
 # the layers below it; `trainwise/__init__.py` and `__main__.py` sit above every layer.
-LAYERS = ("common", "plan", "hardware", "models", "techniques", "trace", "estimate", "engine", "bench", "calibration",
+LAYERS = ("common", "plan", "hardware", "models", "techniques", "trace", "estimator", "engine", "bench", "calibration",
           "search", "emit", "api", "cli")
 MOST_LINES_PER_FILE = 350
 MOST_LINES_PER_FUNCTION = 60

@@ -23,7 +23,7 @@ import pytest
 from transformers import AutoConfig
 
 from trainwise.api import estimate
-from trainwise.estimate import predict
+from trainwise.estimator import predict
 from trainwise.hardware import resolve_device
 from trainwise.models import build_model_with_notes, example_batch, resolve_model
 from trainwise.plan.plan import Plan
@@ -130,7 +130,7 @@ def test_the_parameter_count_under_a_layout_counts_each_layer_kind(model_dirs):
 def test_extrapolated_step_time_equals_a_full_trace_per_category(model_dirs):
     """The step time is read per layer kind from the same traced depths as memory: Gemma 3's
     5:1 pattern of sliding and full attention, every category within 1 % of a full trace."""
-    from trainwise.estimate.step_time import predict_step_time
+    from trainwise.estimator.step_time import predict_step_time
     from trainwise.hardware.profile import DeviceProfile, Rate
 
     profile = DeviceProfile("cpu", "cpu", "test", {"fp32": Rate(1e10, 1e-6)}, {}, Rate(1e9, 1e-6), 1e-5)

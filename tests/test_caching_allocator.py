@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from trainwise.estimate.caching_allocator import (
+from trainwise.estimator.caching_allocator import (
     AllocationEvent,
     AllocatorStats,
     CachingAllocatorModel,

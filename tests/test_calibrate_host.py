@@ -65,7 +65,7 @@ def test_the_contraction_factor_times_exactly_the_steps_matmul_and_attention_ops
     """Each matmul and attention op of the reference step, timed in the step and replayed
     hot; the factor is their ratio, never below 1 (a step does not beat hot operands)."""
     from trainwise.calibration.replay import contraction_factor
-    from trainwise.estimate.predict import _trace
+    from trainwise.estimator.predict import _trace
     from trainwise.hardware import resolve_device
     from trainwise.models import resolve_model
     from trainwise.plan.plan import Plan

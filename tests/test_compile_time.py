@@ -12,8 +12,8 @@ import torch
 
 from trainwise.api import estimate
 from trainwise.cli.main import main
-from trainwise.estimate.predict import _trace
-from trainwise.estimate.shared_traces import SharedTraces
+from trainwise.estimator.predict import _trace
+from trainwise.estimator.shared_traces import SharedTraces
 from trainwise.hardware import resolve_device
 from trainwise.hardware.profile import DeviceProfile, Rate
 from trainwise.models import resolve_model
@@ -124,7 +124,7 @@ def test_a_compile_twin_priced_from_the_eager_trace_is_the_fresh_estimate(blocks
 
 def test_the_search_traces_no_step_twice_for_compile(monkeypatch):
     import trainwise.api.search as search_api
-    import trainwise.estimate.predict as predict
+    import trainwise.estimator.predict as predict
 
     traced, estimated = [], []
     trace, estimate_ = predict.trace_training_step, search_api.estimate

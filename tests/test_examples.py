@@ -72,3 +72,16 @@ def test_the_api_example_predicts_plans_and_trains_end_to_end(tmp_path, capsys):
     assert "Llama-3.2-1B on H100-80GB:" in out and "(predicted), fits" in out
     assert "searched " in out and "trained 4 steps: final loss" in out
     assert (tmp_path / "run" / "final").is_dir()
+
+
+def test_the_top_level_estimate_stays_the_function_after_an_estimate_ran():
+    """`trainwise.estimate` is the function on every call: a package named like it would take
+    its place on the module once the first estimate imported it (the second call then
+    raised "'module' object is not callable")."""
+    import trainwise
+
+    plan = trainwise.Plan(device="cpu", seq_len=32)
+    first = trainwise.estimate("tiny-llama", plan)
+    second = trainwise.estimate("tiny-llama", plan)
+    assert callable(trainwise.estimate)
+    assert second.memory == first.memory

@@ -1,11 +1,11 @@
 """Extrapolation from a few traced blocks equals a full trace.
 
 Models with more than a few identical blocks are estimated by tracing 2 and 3 blocks and
-extrapolating (trainwise/estimate/extrapolate.py): the 3-block timeline is written out at
+extrapolating (trainwise/estimator/extrapolate.py): the 3-block timeline is written out at
 full depth and replayed through the same allocator model as a full trace ("repeated"),
 or, where the blocks do not repeat cleanly, the figures are put on a line through the 2-
 and 3-block results ("line"). Here an 8-block model is estimated that way and compared
-with a full 8-block trace (`trainwise.estimate.predict._trace`):
+with a full 8-block trace (`trainwise.estimator.predict._trace`):
 
 * "repeated": the synthesised timeline is the full trace's, event for event, so every
   figure is exactly equal (weights, gradients, optimizer state, activations, temporaries,
@@ -28,9 +28,9 @@ import functools
 import pytest
 
 from trainwise.api import estimate
-from trainwise.estimate import predict as _estimate_module
-from trainwise.estimate.extrapolate import extrapolated_stacks, same_timeline, synthesize_trace
-from trainwise.estimate.memory import memory_from_trace
+from trainwise.estimator import predict as _estimate_module
+from trainwise.estimator.extrapolate import extrapolated_stacks, same_timeline, synthesize_trace
+from trainwise.estimator.memory import memory_from_trace
 from trainwise.hardware import resolve_device
 from trainwise.models import resolve_model
 from trainwise.plan.plan import Plan

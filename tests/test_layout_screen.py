@@ -4,10 +4,10 @@ enumeration, and that its ranking follows the links (trainwise/search/layout_scr
 import pytest
 
 from trainwise.api import estimate
-from trainwise.estimate.rank_work import communicated_bytes
+from trainwise.estimator.rank_work import communicated_bytes
 from trainwise.hardware import resolve_device
 from trainwise.hardware.profile import catalog_profile
-from trainwise.estimate.collective_time import Topology
+from trainwise.estimator.collective_time import Topology
 from trainwise.models import resolve_model
 from trainwise.plan.layout import resolve_layout
 from trainwise.plan.plan import Plan
@@ -114,9 +114,9 @@ def test_fewer_pipeline_chunks_pay_a_larger_bubble():
                                      dict(nproc=2, pp=2, batch_size=4, pp_schedule="interleaved-1f1b")],
                          ids=["tp2", "pp2", "pp2-interleaved"])
 def test_screen_ranks_hold_the_same_block_ranges_as_the_exact_estimate(changes):
-    # --grad-ckpt-every picks the recomputed blocks by these ranges (estimate/rank_work.py):
+    # --grad-ckpt-every picks the recomputed blocks by these ranges (estimator/rank_work.py):
     # the screen and the exact estimate must count the same ones.
-    from trainwise.estimate.rank_view import rank_views
+    from trainwise.estimator.rank_view import rank_views
 
     spec = resolve_model("tiny-llama")
     config = type(spec.config)(**{**spec.config.to_dict(), "num_hidden_layers": 7})

@@ -1,4 +1,4 @@
-"""The estimate's step time under a parallel layout (trainwise/estimate/layout_step.py):
+"""The estimate's step time under a parallel layout (trainwise/estimator/layout_step.py):
 each pipeline rank's traced compute with the layout's collectives, bubble and offload
 added by the layout time model, on a catalog H100 (its figures, no calibration)."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from trainwise.api import estimate
 from trainwise.cli.main import main
-from trainwise.estimate.step_time import CATEGORIES, OFF_CRITICAL_PATH
+from trainwise.estimator.step_time import CATEGORIES, OFF_CRITICAL_PATH
 from trainwise.plan.plan import Plan
 
 

@@ -1,15 +1,15 @@
 """The layout time model: ring formulas, links, DDP overlap, TP on the critical path,
-pipeline bubbles, offload (trainwise/estimate/layout_time.py and its parts)."""
+pipeline bubbles, offload (trainwise/estimator/layout_time.py and its parts)."""
 
 import dataclasses
 
 import pytest
 
 from trainwise.common.errors import InputError
-from trainwise.estimate.collective_time import Link, Topology, collective_seconds
-from trainwise.estimate.layout_collectives import bucketed_overlap
-from trainwise.estimate.layout_time import layout_time
-from trainwise.estimate.rank_work import RankWork, communicated_bytes
+from trainwise.estimator.collective_time import Link, Topology, collective_seconds
+from trainwise.estimator.layout_collectives import bucketed_overlap
+from trainwise.estimator.layout_time import layout_time
+from trainwise.estimator.rank_work import RankWork, communicated_bytes
 from trainwise.hardware.profile import DeviceProfile, Rate
 from trainwise.plan.layout import resolve_layout
 from trainwise.plan.plan import Plan
@@ -156,10 +156,10 @@ def test_fsdp_under_bf16_gathers_bf16_and_reduces_fp32():
 
 def _tp_collectives_per_rank(changes: dict, layers: int) -> list[float]:
     """Tensor-parallel collectives per micro-batch of each pipeline rank, by the exact
-    estimate's own path (estimate/rank_view.py -> rank_work.py -> layout_time.py) for
+    estimate's own path (estimator/rank_view.py -> rank_work.py -> layout_time.py) for
     tiny-llama cut to `layers` blocks."""
-    from trainwise.estimate.rank_view import rank_views
-    from trainwise.estimate.rank_work import rank_work
+    from trainwise.estimator.rank_view import rank_views
+    from trainwise.estimator.rank_work import rank_work
     from trainwise.models import resolve_model
 
     config = resolve_model("tiny-llama").config

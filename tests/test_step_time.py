@@ -1,7 +1,7 @@
 """The step-time model: the traced step's ops, summed by kind, at a device profile's rates.
 
 The op table comes from the memory trace itself (trainwise/trace/op_costs.py); the time
-model (trainwise/estimate/step_time.py) prices it. These tests pin what the table counts
+model (trainwise/estimator/step_time.py) prices it. These tests pin what the table counts
 (model FLOPs, recomputation), how the time scales (accumulation, depth), how host time
 combines with compute on the CPU and on CUDA, and what `estimate` shows."""
 
@@ -14,9 +14,9 @@ import pytest
 
 from trainwise.api import estimate
 from trainwise.cli.main import main
-from trainwise.estimate.extrapolate import same_timeline
-from trainwise.estimate.predict import _trace
-from trainwise.estimate.step_time import CATEGORIES, OFF_CRITICAL_PATH, predict_step_time, step_breakdown
+from trainwise.estimator.extrapolate import same_timeline
+from trainwise.estimator.predict import _trace
+from trainwise.estimator.step_time import CATEGORIES, OFF_CRITICAL_PATH, predict_step_time, step_breakdown
 from trainwise.hardware import resolve_device
 from trainwise.hardware.profile import DeviceProfile, Rate
 from trainwise.models import build_model_with_notes, example_batch, resolve_model
@@ -44,7 +44,7 @@ def _spec(blocks: int | None = None, name: str = "tiny-llama"):
 def test_model_flops_of_the_op_table_equal_the_flop_count(attention):
     """Without checkpointing, the matmuls the table saw in forward and backward (plus
     attention as the model counts it) are trainwise/trace/flops.py's model FLOPs."""
-    from trainwise.estimate.step_time import _model_flops
+    from trainwise.estimator.step_time import _model_flops
 
     spec, plan = _spec(), _plan(attention=attention)
     costs = _trace(spec, plan, CPU)[0].op_costs
@@ -167,7 +167,7 @@ def test_a_bad_profile_file_is_refused_naming_the_flag(tmp_path, capsys, content
 def test_a_pipeline_layout_times_each_rank_from_its_own_trace():
     """Each pipeline rank runs every chunk of the micro-batch through its half of the
     blocks; the layout's step is the slowest rank's compute plus the bubble and the sends
-    between stages (trainwise/estimate/layout_step.py)."""
+    between stages (trainwise/estimator/layout_step.py)."""
     whole = estimate(_spec(4), _plan(batch_size=8), profile=PROFILE).time
     piped = estimate(_spec(4), _plan(batch_size=8, nproc=2, pp=2, microbatches=4), profile=PROFILE)
     ranks = [rank["compute_s"] for rank in piped.layout["pipeline_ranks"]]

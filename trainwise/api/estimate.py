@@ -1,8 +1,8 @@
 """`trainwise.api.estimate`: the memory anatomy of one training step, without a GPU.
 
 The entry point checks the request, then hands it to the estimate itself: one device
-(trainwise/estimate/predict.py) or a parallel layout, rank by rank
-(trainwise/estimate/layout_estimate.py)."""
+(trainwise/estimator/predict.py) or a parallel layout, rank by rank
+(trainwise/estimator/layout_estimate.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from pathlib import Path
 from trainwise.api.compatibility import check_estimate_support, check_request
 # The two routes, as names of this module: tests stub them to show that a refused request
 # never reaches a model build.
-from trainwise.estimate.collective_time import Topology
-from trainwise.estimate.layout_estimate import layout_estimate as _per_rank
-from trainwise.estimate.predict import one_device_estimate as _one_device
-from trainwise.estimate.result import EstimateResult
-from trainwise.estimate.shared_traces import SharedTraces
+from trainwise.estimator.collective_time import Topology
+from trainwise.estimator.layout_estimate import layout_estimate as _per_rank
+from trainwise.estimator.predict import one_device_estimate as _one_device
+from trainwise.estimator.result import EstimateResult
+from trainwise.estimator.shared_traces import SharedTraces
 from trainwise.common.errors import InputError
 from trainwise.hardware import Device, resolve_device
 from trainwise.hardware.profile import DeviceProfile, profile_for
@@ -41,9 +41,9 @@ def estimate(model: str | ModelSpec, plan: Plan | None = None, *, task: str | No
     `model` is a catalog name, a local Hugging Face directory, `package.module:function` or
     a resolved ModelSpec. Under a layout, `gpus_per_node` (default: every rank on one node)
     and `inter_node_gbps` (Gbit/s per GPU between nodes) place the ranks for the
-    communication time (trainwise/estimate/collective_time.py). Nothing is allocated: the model is built on the meta device and
+    communication time (trainwise/estimator/collective_time.py). Nothing is allocated: the model is built on the meta device and
     the step runs on fake tensors. `shared`: one device's steps traced by earlier estimates
-    (a plan search's), reused for a plan's --compile twin (trainwise/estimate/shared_traces.py)."""
+    (a plan search's), reused for a plan's --compile twin (trainwise/estimator/shared_traces.py)."""
     plan = plan or Plan()
     spec = model if isinstance(model, ModelSpec) else resolve_model(model, task=task, trust_remote_code=trust_remote_code)
     device = resolve_device(plan.device)

@@ -19,7 +19,7 @@ from trainwise.api.search_layouts import check_layout_request, layout_candidates
 from trainwise.common.errors import InputError
 from trainwise.common.progress import Progress, silent
 from trainwise.common.units import human_bytes
-from trainwise.estimate.shared_traces import SharedTraces
+from trainwise.estimator.shared_traces import SharedTraces
 from trainwise.hardware import Device, resolve_device
 from trainwise.hardware.profile import DeviceProfile, profile_for
 from trainwise.hardware.profile_settings import check_profile_settings

@@ -97,7 +97,7 @@ def _recomputed_op_host(device: torch.device, fitted: DeviceProfile, settings: S
 
 
 def _predicted_step(plan, profile: DeviceProfile) -> float:
-    from trainwise.estimate.predict import one_device_estimate
+    from trainwise.estimator.predict import one_device_estimate
     from trainwise.hardware.resolve import resolve_device
     from trainwise.models import resolve_model
 
@@ -134,7 +134,7 @@ def predicted_compute_and_ops(plan, device, measured: DeviceProfile) -> tuple[fl
     by step_non_matmul_factor: contractions x their factor and the optimizer, weighted op
     count): the time model priced without host time, again with step_non_matmul_factor 0,
     and once with free arithmetic and 1 s of host per op."""
-    from trainwise.estimate.predict import one_device_estimate
+    from trainwise.estimator.predict import one_device_estimate
     from trainwise.models import resolve_model
 
     spec = resolve_model(REFERENCE_MODEL)

@@ -13,7 +13,7 @@ A profile comes from one of two places, and says which in `source`:
   calibration).
 
 `corrections` holds measured/predicted step-time ratios that `plan --verify` wrote back,
-keyed by the plan's shape of work (see trainwise/estimate/step_time.py); the time model
+keyed by the plan's shape of work (see trainwise/estimator/step_time.py); the time model
 multiplies its prediction by the matching one."""
 
 from __future__ import annotations

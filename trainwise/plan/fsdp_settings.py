@@ -1,6 +1,6 @@
 """How FSDP2 is configured for a layout: the one object the engine shards with
 (engine/parallel/fsdp.py) and the per-rank estimate sizes the communication buffers from
-(trainwise/estimate/per_rank.py), so a change here changes both.
+(trainwise/estimator/per_rank.py), so a change here changes both.
 
 Pure facts, no torch: the engine turns them into fully_shard's arguments."""
 

@@ -1,7 +1,7 @@
 """The layout screen: every layout of N GPUs (layout_enumeration.py) priced without a
 per-rank estimate of each. Memory by arithmetic on a few traced units (screen_memory.py,
 traced_unit.py: three small traces per tensor-parallel degree, cached), time by the layout
-time model (estimate/layout_time.py) on each pipeline rank's compute from the same units.
+time model (estimator/layout_time.py) on each pipeline rank's compute from the same units.
 Candidates come back with exact=False, fastest first; the search drops those that do not
 fit and verifies the best with the full estimate."""
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 
 from trainwise.common.errors import InputError
-from trainwise.estimate.collective_time import Topology
-from trainwise.estimate.layout_time import LayoutTime, layout_time
-from trainwise.estimate.rank_work import RankWork, communicated_bytes, recomputed_blocks
+from trainwise.estimator.collective_time import Topology
+from trainwise.estimator.layout_time import LayoutTime, layout_time
+from trainwise.estimator.rank_work import RankWork, communicated_bytes, recomputed_blocks
 from trainwise.hardware.peak import peak_flops_for
 from trainwise.hardware import Device
 from trainwise.hardware.profile import DeviceProfile
@@ -32,7 +32,7 @@ EXPOSED_NOTE = "most exposed communication: "
 
 def traced_precision(plan: Plan, layout: Layout) -> str:
     """The precision the rank's workload is traced in: bf16-pure where FSDP2 computes on
-    gathered bf16 copies (estimate/rank_view.py's rank_plan does the same)."""
+    gathered bf16 copies (estimator/rank_view.py's rank_plan does the same)."""
     if layout.data_parallel_kind == "fsdp" and FsdpSettings.for_layout(layout, plan.precision).gathers_bf16:
         return "bf16-pure"
     return plan.precision

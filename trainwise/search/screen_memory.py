@@ -1,5 +1,5 @@
 """A layout rank's memory by arithmetic on a TracedUnit, for the screen: the same parts
-as the per-rank estimate (estimate/per_rank.py) without tracing each layout.
+as the per-rank estimate (estimator/per_rank.py) without tracing each layout.
 
 * Model states from parameter counts: weights and gradients in the weights' dtype,
   optimizer states per byte of trainable weight as the traced optimizer keeps them;
@@ -11,7 +11,7 @@ as the per-rank estimate (estimate/per_rank.py) without tracing each layout.
   holds the head.
 * The rest of the peak (temporaries, workspaces) as traced, the allocator's slack and the
   device context.
-* Communication buffers by the rules of estimate/rank_communication.py: FSDP2's gathered
+* Communication buffers by the rules of estimator/rank_communication.py: FSDP2's gathered
   blocks (all under ZeRO-2; the running and the prefetched one under ZeRO-3) and one
   block's reduce-scatter input, the pipeline's receive buffers.
 """
@@ -36,11 +36,11 @@ class ScreenRank:
     has_head: bool
     chunks_in_flight: int
     stages: int
-    block_ranges: tuple[tuple[int, int], ...] = ()  # as estimate/rank_view.py's RankView
+    block_ranges: tuple[tuple[int, int], ...] = ()  # as estimator/rank_view.py's RankView
 
 
 def screen_ranks(total_blocks: int, layout: Layout, schedule: str) -> list[ScreenRank]:
-    """Every pipeline rank's blocks, ends and chunks in flight (estimate/rank_view.py's)."""
+    """Every pipeline rank's blocks, ends and chunks in flight (estimator/rank_view.py's)."""
     if layout.pp == 1:
         return [ScreenRank(0, total_blocks, True, True, 1, 1, ((0, total_blocks),))]
     total = layout.pp * stages_per_rank(schedule)
@@ -94,7 +94,7 @@ def communication_bytes(unit: TracedUnit, rank: ScreenRank, layout: Layout, plan
 
 def _pipeline_buffers(rank: ScreenRank, layout: Layout, plan, dtypes: dict[str, int], hidden_size: int) -> int:
     """Receive buffers, one per chunk and direction, in the weights' dtype, for the whole run
-    (a sequence slice under sequence parallel, as estimate/rank_communication.py counts them)."""
+    (a sequence slice under sequence parallel, as estimator/rank_communication.py counts them)."""
     if layout.pp == 1:
         return 0
     stages = layout.pp * stages_per_rank(plan.pp_schedule)

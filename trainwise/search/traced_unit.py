@@ -9,8 +9,8 @@ with a part that grows with the blocks a rank holds:
     f(rows, blocks) = fixed + per_row x rows + per_block_row x rows x blocks
 
 and read from traces of 2 blocks at 1 and 2 rows and of 3 blocks at 1 row, at the
-tensor-parallel shapes estimate/layout_estimate.py traces (estimate/rank_shapes.py).
-Parameter counts per block and outside the blocks come from estimate/rank_states.py's
+tensor-parallel shapes estimator/layout_estimate.py traces (estimator/rank_shapes.py).
+Parameter counts per block and outside the blocks come from estimator/rank_states.py's
 meta builds. Units are cached by what changes them (`UnitKey`)."""
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trainwise.estimate.layout_step import chunk_seconds
-from trainwise.estimate.predict import one_device_estimate
-from trainwise.estimate.rank_activations import loss_parallel_extra, sequence_parallel_saving
-from trainwise.estimate.rank_shapes import rank_config, rank_reshape
-from trainwise.estimate.rank_states import rank_parameters
-from trainwise.estimate.rank_view import RankModel, RankView
-from trainwise.estimate.result import EstimateResult
+from trainwise.estimator.layout_step import chunk_seconds
+from trainwise.estimator.predict import one_device_estimate
+from trainwise.estimator.rank_activations import loss_parallel_extra, sequence_parallel_saving
+from trainwise.estimator.rank_shapes import rank_config, rank_reshape
+from trainwise.estimator.rank_states import rank_parameters
+from trainwise.estimator.rank_view import RankModel, RankView
+from trainwise.estimator.result import EstimateResult
 from trainwise.hardware import Device
 from trainwise.hardware.profile import DeviceProfile
 from trainwise.models import ModelSpec, build_model_with_notes
@@ -242,7 +242,7 @@ def _optimizer_other(memory) -> int:
 
 def _rank_activations(result: EstimateResult, model: RankModel, layout: Layout, rows: int) -> int:
     """The traced chunk's saved activations as the per-rank estimate corrects them for
-    sequence parallel and the vocab-parallel loss (estimate/rank_activations.py)."""
+    sequence parallel and the vocab-parallel loss (estimator/rank_activations.py)."""
     layout = dataclasses.replace(layout, chunk_batch=rows)
     policy = precision_policy(result.plan.precision, result.device.kind)
     plan = result.plan.replace(tp=layout.tp, sequence_parallel=layout.sequence_parallel)

@@ -3,7 +3,7 @@
 A transformer is mostly stacks of identical blocks (`nn.ModuleList`s of one class). The
 tracer tags every allocation and free with the block whose work it was, so that a trace
 of a few blocks can be repeated into a trace of all of them
-(trainwise/estimate/extrapolate.py).
+(trainwise/estimator/extrapolate.py).
 
 Forward is easy: a block is running between its forward pre-hook and forward hook (and
 the frees right after it returns, before the next module call, are its too: the model's

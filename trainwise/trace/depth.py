@@ -1,6 +1,6 @@
 """A deep model is traced with a few of its blocks, then read at full depth.
 
-Both the memory estimate (trainwise/estimate/extrapolate.py) and the FLOP count
+Both the memory estimate (trainwise/estimator/extrapolate.py) and the FLOP count
 (trainwise/trace/flops.py) trace 2 and 3 blocks instead of all of them; this module holds
 what they share: which depths are traced, how a config is shortened to them, and how the
 traced figures are read at full depth.
@@ -89,7 +89,7 @@ class DepthFit:
     def uniform(self) -> bool:
         """Every block after the first is of one kind: traced at TRACED_BLOCKS and read on
         the line through them, and the 3-block timeline can be written out at full depth
-        (trainwise/estimate/extrapolate.py)."""
+        (trainwise/estimator/extrapolate.py)."""
         return len(set(self.pattern.kinds[1:])) <= 1
 
 

@@ -4,7 +4,7 @@ While the memory trace runs (trainwise/trace/recorder.py), every aten op it sees
 to one row keyed by (phase, micro-step, op class, dtype name, recomputed?) holding
 (ops, FLOPs, bytes read, bytes written). Rows, not a list of ops, keep the memory of a
 trace of a deep model small; the time of an op depends only on its class, dtype and size,
-and the model (trainwise/estimate/step_time.py) is linear in those sums.
+and the model (trainwise/estimator/step_time.py) is linear in those sums.
 
 Op classes (decided here, documented in docs/plan.md):
 * "matmul": matrix products and convolutions (mm, bmm, addmm, baddbmm, convolution and its

@@ -124,7 +124,7 @@ def offloaded_activations(model: nn.Module, recorder: AllocationRecorder, target
     """Under --activation-offload the blocks' saved tensors pass through the offloader's
     hooks, not the recorder's: the kept ones are marked saved here, and for a CUDA target
     the fake host tensors stand for device ones, so their copies are made as the engine
-    makes them and marked host memory (trainwise/estimate/memory.py leaves them out of
+    makes them and marked host memory (trainwise/estimator/memory.py leaves them out of
     the device's figures and counts them as host memory)."""
     offloader = getattr(model, OFFLOADER_ATTRIBUTE, None)
     if offloader is None:
@@ -224,7 +224,7 @@ def _host_step_counters(optimizer: torch.optim.Optimizer, recorder: AllocationRe
     torch.optim's AdamW keeps `state["step"]` on the CPU unless it is fused or capturable
     (kernel launches for a scalar cost more than a host add), and Adafactor always does;
     on a GPU they are no device memory. On the CPU they are, so they stay in the trace
-    and only the device's accounting (trainwise/estimate/memory.py) leaves them out."""
+    and only the device's accounting (trainwise/estimator/memory.py) leaves them out."""
     keys = set()
     for group in optimizer.param_groups:
         if device_step_counter(group, "cuda"):

@@ -4,7 +4,7 @@ A family is a set of Hugging Face model types with the same module names. Its mo
 (models/families/<name>.py) declares one ModelFamily: pure data about module paths plus,
 for pipelining, the stage forward. The engine turns the data into DTensor styles and
 pipeline stages (engine/parallel/), the checkpoints into their stored shapes, and the
-per-rank estimate into each rank's shapes (estimate/), so all three read the same facts.
+per-rank estimate into each rank's shapes (estimator/), so all three read the same facts.
 No torch.distributed here: a family says *what* is split, never how."""
 
 from __future__ import annotations

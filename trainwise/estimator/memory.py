@@ -6,8 +6,8 @@ import bisect
 import dataclasses
 from dataclasses import dataclass, field
 
-from trainwise.estimate.anatomy import replay
-from trainwise.estimate.caching_allocator import AllocatorStats, CachingAllocatorModel, round_block_size
+from trainwise.estimator.anatomy import replay
+from trainwise.estimator.caching_allocator import AllocatorStats, CachingAllocatorModel, round_block_size
 from trainwise.hardware import Device
 from trainwise.techniques.activation_offload import OFFLOADED_OP
 from trainwise.trace.recorder import ALLOC
@@ -50,7 +50,7 @@ class MemoryEstimate:
     # When block extrapolation falls back to a line, it takes the largest of the
     # extrapolated phase peaks, as the phase holding the peak can change with depth.
     phase_peaks: dict[str, int] = field(default_factory=dict)
-    # Under a parallel layout (trainwise/estimate/per_rank.py): communication buffers on
+    # Under a parallel layout (trainwise/estimator/per_rank.py): communication buffers on
     # the device at the peak, and model states moved to host memory by --cpu-offload.
     # One device: the saved tensors --activation-offload keeps in host memory at most.
     communication: int = 0

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from trainwise.estimate.collective_time import Link, Topology, collective_seconds, group_link
-from trainwise.estimate.rank_work import RankWork
+from trainwise.estimator.collective_time import Link, Topology, collective_seconds, group_link
+from trainwise.estimator.rank_work import RankWork
 from trainwise.hardware.profile import DeviceProfile
 from trainwise.plan.layout import Layout
 

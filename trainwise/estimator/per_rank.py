@@ -35,12 +35,12 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-from trainwise.estimate.memory import MemoryEstimate
-from trainwise.estimate.rank_activations import loss_parallel_extra, sequence_parallel_saving, stage_activations
-from trainwise.estimate.rank_communication import Communication
-from trainwise.estimate.rank_shapes import headless_workload, rank_config, rank_reshape
-from trainwise.estimate.rank_states import STATE_KEYS, rank_parameters, shard_shape, state_bytes
-from trainwise.estimate.rank_view import RankModel, RankView, rank_plan, rank_views
+from trainwise.estimator.memory import MemoryEstimate
+from trainwise.estimator.rank_activations import loss_parallel_extra, sequence_parallel_saving, stage_activations
+from trainwise.estimator.rank_communication import Communication
+from trainwise.estimator.rank_shapes import headless_workload, rank_config, rank_reshape
+from trainwise.estimator.rank_states import STATE_KEYS, rank_parameters, shard_shape, state_bytes
+from trainwise.estimator.rank_view import RankModel, RankView, rank_plan, rank_views
 from trainwise.plan.layout import Layout
 from trainwise.plan.plan import Plan
 from trainwise.techniques.precision import precision_policy

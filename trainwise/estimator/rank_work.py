@@ -1,5 +1,5 @@
 """RankWork: what one rank of a layout computes and holds, as the layout time model needs
-it (trainwise/estimate/layout_time.py), and the dtypes the engine communicates in."""
+it (trainwise/estimator/layout_time.py), and the dtypes the engine communicates in."""
 
 from __future__ import annotations
 
@@ -105,8 +105,8 @@ def reshards_after_forward(layout, precision: str) -> bool:
 
 def rank_work(plan, layout, view, params, hidden_size: int, device_type: str, forward_s: float, backward_s: float,
               optimizer_s: float, compute_breakdown: dict[str, float] | None = None) -> RankWork:
-    """The RankWork of pipeline rank `view` (estimate/rank_view.py) from what the per-rank
-    estimate has: its parameters (estimate/rank_states.py's rank_parameters, at the
+    """The RankWork of pipeline rank `view` (estimator/rank_view.py) from what the per-rank
+    estimate has: its parameters (estimator/rank_states.py's rank_parameters, at the
     tensor-parallel shapes, before sharding), the model's hidden size, and the time model's
     seconds of one chunk's forward and backward and of one unsharded optimizer step."""
     held = sum(p.copies * _elements(p.shape) for p in params)

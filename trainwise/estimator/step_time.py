@@ -26,7 +26,7 @@ block's Python run twice).
 A deep model's sums are read at full depth on the line through the 2- and 3-block traces
 (the work is the same in every block), as memory and FLOPs are. The trace runs at most two
 micro-steps; the second stands for every later one, and the optimizer runs once.
---activation-offload adds its PCIe copies to "offload" (estimate/activation_offload_time.py). See
+--activation-offload adds its PCIe copies to "offload" (estimator/activation_offload_time.py). See
 docs/plan.md, "The step-time model", for what this ignores."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from trainwise.common.rates import JobRates
-from trainwise.estimate.activation_offload_time import activation_offload_seconds, offload_traffic
+from trainwise.estimator.activation_offload_time import activation_offload_seconds, offload_traffic
 from trainwise.hardware import Device
 from trainwise.hardware.peak import peak_flops_for
 from trainwise.hardware.profile import CATALOG_RATES, DeviceProfile, Rate

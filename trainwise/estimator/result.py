@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trainwise.estimate.memory import MemoryEstimate
-from trainwise.estimate.step_time import StepTime
+from trainwise.estimator.memory import MemoryEstimate
+from trainwise.estimator.step_time import StepTime
 from trainwise.hardware import Device
 from trainwise.hardware.profile import CATALOG_RATES
 from trainwise.plan.plan import Plan
@@ -40,7 +40,7 @@ class EstimateResult:
     # Under a parallel layout: the degrees, and every pipeline rank's figures (`memory` is
     # rank 0's); None on one device.
     layout: dict | None = None
-    # The predicted step time (trainwise/estimate/step_time.py); None without a device
+    # The predicted step time (trainwise/estimator/step_time.py); None without a device
     # profile (the CPU before `trainwise calibrate`, a GPU the catalog lacks).
     time: StepTime | None = None
 

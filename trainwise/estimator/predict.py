@@ -3,7 +3,7 @@
 A model with more than a few identical blocks is traced at 2 and 3 blocks
 (trainwise/trace/depth.py) and read at full depth: the 3-block timeline repeated and
 replayed where the blocks repeat cleanly, else a line through the two traces' figures
-(trainwise/estimate/extrapolate.py). Blocks that differ by design (Gemma's sliding and
+(trainwise/estimator/extrapolate.py). Blocks that differ by design (Gemma's sliding and
 full attention layers...) are traced at one more depth per extra layer kind and each
 figure is read per kind (trainwise/trace/layer_pattern.py, `depth_fit`). The per-rank
 estimate (layout_estimate.py) runs this on each rank's workload."""
@@ -15,12 +15,12 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
-from trainwise.estimate.extrapolate import (CannotSynthesize, extrapolate_dataclass, extrapolated_stacks,
+from trainwise.estimator.extrapolate import (CannotSynthesize, extrapolate_dataclass, extrapolated_stacks,
                                              same_timeline, synthesize_trace)
-from trainwise.estimate.memory import MemoryEstimate, memory_from_trace
-from trainwise.estimate.result import EstimateResult
-from trainwise.estimate.shared_traces import SharedTraces
-from trainwise.estimate.step_time import predict_step_time
+from trainwise.estimator.memory import MemoryEstimate, memory_from_trace
+from trainwise.estimator.result import EstimateResult
+from trainwise.estimator.shared_traces import SharedTraces
+from trainwise.estimator.step_time import predict_step_time
 from trainwise.hardware import Device
 from trainwise.hardware.profile import DeviceProfile
 from trainwise.models import ModelSpec, build_model_with_notes, example_batch
@@ -51,9 +51,9 @@ def one_device_estimate(spec: ModelSpec, plan: Plan, device: Device, reshape=Non
                         shared: SharedTraces | None = None) -> EstimateResult:
     """The traced one-device estimate; `reshape` changes each built model first (the
     per-rank estimate's tensor-parallel shapes). With a `profile`, also the step time
-    (trainwise/estimate/step_time.py; `chunks`: traced passes per micro-step). `shared`:
+    (trainwise/estimator/step_time.py; `chunks`: traced passes per micro-step). `shared`:
     steps traced by earlier estimates of the same search, of which the plan's compile twin
-    may be one (trainwise/estimate/shared_traces.py); not with `reshape`."""
+    may be one (trainwise/estimator/shared_traces.py); not with `reshape`."""
     if shared is not None and reshape is None:
         step = shared.step(spec, plan, device, lambda: traced_step(spec, plan, device, compiled_pricing=True))
     else:
@@ -152,7 +152,7 @@ def _traced(spec: ModelSpec, plan: Plan, device: Device, reshape=None,
 def _repeated_blocks(small: StepTrace, large: StepTrace, blocks: int, device: Device) -> MemoryEstimate | None:
     """Memory of the full-depth timeline synthesised from the 3-block trace, or None when
     the blocks do not repeat cleanly: shrunk to 2 blocks, the synthesis must reproduce
-    the 2-block trace exactly (trainwise/estimate/extrapolate.py)."""
+    the 2-block trace exactly (trainwise/estimator/extrapolate.py)."""
     stacks = extrapolated_stacks(small, large)
     try:
         if not same_timeline(synthesize_trace(large, stacks, TRACED_BLOCKS[0], small), small):

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from trainwise.estimate.collective_time import Topology
-from trainwise.estimate.layout_step import RankCompute, layout_step_time
-from trainwise.estimate.per_rank import (RankModel, headless_workload, rank_config, rank_memory, rank_plan,
+from trainwise.estimator.collective_time import Topology
+from trainwise.estimator.layout_step import RankCompute, layout_step_time
+from trainwise.estimator.per_rank import (RankModel, headless_workload, rank_config, rank_memory, rank_plan,
                                          rank_reshape, rank_views)
-from trainwise.estimate.rank_states import rank_parameters
-from trainwise.estimate.predict import extrapolate_count, one_device_estimate
-from trainwise.estimate.result import EstimateResult
+from trainwise.estimator.rank_states import rank_parameters
+from trainwise.estimator.predict import extrapolate_count, one_device_estimate
+from trainwise.estimator.result import EstimateResult
 from trainwise.hardware.profile import DeviceProfile
 from trainwise.hardware import Device
 from trainwise.models import ModelSpec, build_model_with_notes, count_parameters
@@ -30,7 +30,7 @@ from trainwise.trace.layer_pattern import layer_pattern
 def layout_estimate(spec: ModelSpec, plan: Plan, device: Device, profile: DeviceProfile | None = None,
                     topology: Topology | None = None) -> EstimateResult:
     """Rank 0's estimate under the plan's layout, with every pipeline rank's peak beside it
-    (trainwise/estimate/per_rank.py); the parameter counts stay the whole model's. The step
+    (trainwise/estimator/per_rank.py); the parameter counts stay the whole model's. The step
     time (with a profile) is the slowest pipeline rank's under `topology` (default: all
     ranks on one node)."""
     layout = resolve_layout(plan)

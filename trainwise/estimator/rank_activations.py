@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from trainwise.estimate.rank_view import RankModel, RankView
+from trainwise.estimator.rank_view import RankModel, RankView
 from trainwise.models.families import family_of
 from trainwise.plan.layout import Layout
 from trainwise.plan.plan import Plan

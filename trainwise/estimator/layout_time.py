@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trainwise.estimate.collective_time import Topology
-from trainwise.estimate.fsdp_time import fsdp_collectives
-from trainwise.estimate.layout_collectives import (CollectiveTime, Groups, ddp_all_reduce, pipeline_p2p,
+from trainwise.estimator.collective_time import Topology
+from trainwise.estimator.fsdp_time import fsdp_collectives
+from trainwise.estimator.layout_collectives import (CollectiveTime, Groups, ddp_all_reduce, pipeline_p2p,
                                                    tensor_parallel, zero_one)
-from trainwise.estimate.rank_work import RankWork, rank_work, reshards_after_forward
+from trainwise.estimator.rank_work import RankWork, rank_work, reshards_after_forward
 from trainwise.hardware.profile import DeviceProfile
 from trainwise.plan.layout import Layout
 from trainwise.plan.partition import stages_per_rank
@@ -115,7 +115,7 @@ def layout_time(plan, layout: Layout, work: RankWork, profile: DeviceProfile, to
 def estimate_layout_time(plan, layout: Layout, view, params, hidden_size: int, profile: DeviceProfile,
                          topology: Topology, forward_s: float, backward_s: float, optimizer_s: float,
                          compute_breakdown: dict[str, float] | None = None) -> LayoutTime:
-    """The layout time of pipeline rank `view` for estimate/layout_estimate.py: its
+    """The layout time of pipeline rank `view` for estimator/layout_estimate.py: its
     parameters as rank_states.rank_parameters lists them, the model's hidden size, and the
     one-device time model's seconds of one chunk's forward, backward (recompute included)
     and of one optimizer step over the unsharded rank's parameters."""

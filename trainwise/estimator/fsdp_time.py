@@ -15,8 +15,8 @@ a micro-batch's chunks, so gathers are counted once per micro-batch."""
 
 from __future__ import annotations
 
-from trainwise.estimate.layout_collectives import CollectiveTime, Groups
-from trainwise.estimate.rank_work import RankWork
+from trainwise.estimator.layout_collectives import CollectiveTime, Groups
+from trainwise.estimator.rank_work import RankWork
 
 
 def _prefetched(comm_s: float, compute_s: float, units: int) -> float:

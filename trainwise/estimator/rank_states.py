@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from trainwise.estimate.rank_view import RankModel, RankView
+from trainwise.estimator.rank_view import RankModel, RankView
 from trainwise.models.families import family_of
 from trainwise.plan.partition import per_part_shape, zero_one_owner
 from trainwise.plan.plan import Plan

@@ -8,8 +8,8 @@ import math
 
 import torch
 
-from trainwise.estimate.rank_states import RankParameter
-from trainwise.estimate.rank_view import RankView
+from trainwise.estimator.rank_states import RankParameter
+from trainwise.estimator.rank_view import RankView
 from trainwise.plan.layout import Layout
 from trainwise.plan.fsdp_settings import FsdpSettings
 from trainwise.plan.partition import pipeline_microbatches, stages_per_rank

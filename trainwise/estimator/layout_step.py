@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trainwise.estimate.collective_time import Topology
-from trainwise.estimate.layout_time import LayoutTime, estimate_layout_time
-from trainwise.estimate.step_time import CATEGORIES, StepTime
+from trainwise.estimator.collective_time import Topology
+from trainwise.estimator.layout_time import LayoutTime, estimate_layout_time
+from trainwise.estimator.step_time import CATEGORIES, StepTime
 from trainwise.hardware.profile import DeviceProfile
 from trainwise.plan.layout import Layout
 
@@ -34,8 +34,8 @@ class LayoutStepTime(StepTime):
 
 @dataclass(frozen=True)
 class RankCompute:
-    """One pipeline rank as the per-rank estimate knows it: its view (estimate/rank_view.py),
-    its parameters (estimate/rank_states.py's rank_parameters, before sharding) and the
+    """One pipeline rank as the per-rank estimate knows it: its view (estimator/rank_view.py),
+    its parameters (estimator/rank_states.py's rank_parameters, before sharding) and the
     time model's StepTime of its traced workload (all chunks of all micro-batches)."""
 
     view: object
