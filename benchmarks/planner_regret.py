@@ -198,10 +198,11 @@ def estimate_minutes(groups: list[dict], args, startup_s: float) -> float:
 
 def measure(groups: list[dict], args, workdir: Path) -> None:
     """Each plan's repeats, round-robin over all plans of all groups."""
-    from time_model import measure_once
+    from time_model import CASES, measure_once
     from trainwise.plan.plan import Plan
 
-    runner = argparse.Namespace(steps=args.steps, warmup=args.warmup, device="cpu")
+    # time_model's default case: torch's default thread count, as the user's `trainwise train`
+    runner = argparse.Namespace(steps=args.steps, warmup=args.warmup, device="cpu", case=CASES["default"])
     rows = [(g, p) for g in groups for p in g["plans"]]
     started = time.perf_counter()
     for repeat in range(args.repeats):

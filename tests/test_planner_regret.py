@@ -78,3 +78,32 @@ def test_the_page_is_rendered_from_the_rows_and_says_which_targets_were_missed(t
     assert "**MISSED:" in text and "median regret 50.0 %, max 100.0 %" in text
     assert "| b/s64/gb8 | 1: batch_size=8 | 2 | 100.0 % | 0.0 % | 0.50 | 1 / 1 |" in text
     assert "| a/s64/gb8 | 1: defaults | 1 | 0.0 % (inside the noise) |" in text
+
+
+def test_each_plan_is_run_by_trainwise_train_at_default_threads_and_timed_in_wall_seconds(tmp_path, monkeypatch):
+    """measure() drives time_model's fresh-process runner: the command it builds, the
+    environment of the default case (no OMP_NUM_THREADS added), the wall seconds kept."""
+    import argparse
+    import types
+
+    import time_model
+
+    calls = []
+
+    def fake_run(argv, env=None, **kwargs):
+        calls.append((argv, env))
+        metrics = Path(argv[argv.index("--metrics") + 1])
+        steps = [{"step": i, "step_time_s": 0.5, "step_cpu_s": 0.9} for i in range(1, 6)]
+        metrics.write_text("".join(json.dumps(s) + "\n" for s in steps))
+        return types.SimpleNamespace(returncode=0, stderr="")
+
+    monkeypatch.setattr(time_model.subprocess, "run", fake_run)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    from trainwise.plan.plan import Plan
+
+    plan = {"plan": Plan(device="cpu", seq_len=32).to_dict(), "repeats_s": [], "errors": []}
+    groups = [{"name": "tiny-llama/s32/gb2", "model": "tiny-llama", "plans": [plan]}]
+    args = argparse.Namespace(steps=5, warmup=1, repeats=2)
+    planner_regret.measure(groups, args, tmp_path)
+    assert plan["errors"] == [] and plan["repeats_s"] == [0.5, 0.5]  # wall seconds, not CPU
+    assert all("train" in argv and "OMP_NUM_THREADS" not in env for argv, env in calls) and len(calls) == 2
