@@ -16,6 +16,7 @@ def two_cpus(monkeypatch):
     the returned function."""
     monkeypatch.setattr(noise.os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setattr(noise._OWN_LOAD, "now", lambda: 0.0)
+    monkeypatch.setattr(noise, "_others_now", lambda window_s: None)  # no /proc/stat: the load average decides
 
     def load(value):
         monkeypatch.setattr(noise.os, "getloadavg", lambda: (value, value, value))
@@ -56,6 +57,35 @@ def test_own_load_follows_this_process_cpu_use(monkeypatch):
         user=next(cpu), system=0.0, children_user=0.0, children_system=0.0))
     own = noise._OwnLoad()
     assert own.now() == pytest.approx(2.0 * (1 - 1 / 2.718281828), rel=1e-3)
+
+
+def test_a_finished_run_still_in_the_load_average_does_not_make_a_quiet_machine_busy(two_cpus, monkeypatch):
+    """The 1-minute load average counts, for a minute after, a run that has ended (a
+    benchmark's previous run, a calibration just before); what other processes do in the
+    second before the timing decides."""
+    two_cpus(2.4)
+    monkeypatch.setattr(noise, "_others_now", lambda window_s: 0.1)
+    assert busy_machine() is None
+    monkeypatch.setattr(noise, "_others_now", lambda window_s: 1.6)
+    assert busy_machine() == "machine busy: other processes used 1.6 of 2 CPUs in the 1 s before the run"
+
+
+def test_others_cpu_use_is_the_machines_busy_time_less_this_process_trees_own(monkeypatch):
+    """3 CPU-seconds busy in a 1.5 s window, 0.6 of them ours (our own or a finished child's):
+    other processes used 1.6 CPUs."""
+    machine, own, clock = iter([100.0, 103.0]), iter([5.0, 5.6]), iter([10.0, 11.5])
+    monkeypatch.setattr(noise, "_machine_busy_s", lambda: next(machine))
+    monkeypatch.setattr(noise, "_own_cpu_s", lambda: next(own))
+    monkeypatch.setattr(noise.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(noise.time, "sleep", lambda seconds: None)
+    assert noise._others_now(1.5) == pytest.approx(1.6)
+
+
+def test_the_machines_busy_time_is_read_from_proc_stat_where_there_is_one():
+    busy = noise._machine_busy_s()
+    if busy is None:
+        pytest.skip("no /proc/stat on this system")
+    assert 0 < busy <= noise._machine_busy_s()
 
 
 def _fake_nvml(monkeypatch, pids, utilisation):

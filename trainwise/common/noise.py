@@ -5,9 +5,13 @@ both are steady and the machine was quiet.
 Every command and script that times (bench, verify, calibrate, the benchmarks/ scripts)
 uses these, so "busy", "spread" and "confident" mean one thing everywhere:
 
-- busy: other processes' share of the 1-minute load average (the load average less this
-  process tree's own recent CPU use) leaves fewer CPUs than the timing needs, with half a
-  CPU of slack; on a GPU, another process holds a context on it or it is already working.
+- busy: the CPU time other processes use in the second before the timing (the machine's
+  busy time from /proc/stat, this process tree's own and steal by the host included, less
+  this tree's own) leaves fewer CPUs than the timing needs, with half a CPU of slack; on a
+  GPU, another process holds a context on it or it is already working. Not the 1-minute
+  load average: it still counts, for a minute, a run that has ended (a benchmark's own
+  previous run, a `calibrate` just before), so a quiet machine read busy after every run.
+  Where /proc/stat is not there, the load average less this tree's own recent CPU use.
 - spread: (max - min) / median of the samples; with 5 or more samples the single fastest
   and slowest are left out first, so one stray sample (a garbage-collector pause) does
   not decide it alone but a machine that keeps interfering does.
@@ -29,6 +33,7 @@ TRIM_FROM = 5  # with this many samples or more, the fastest and slowest are lef
 IDLE_SLACK_CPUS = 0.5  # background load tolerated beside a timing, in CPUs
 GPU_BUSY_UTILISATION = 10  # %, NVML's utilisation before a run above which another job is running
 LOAD_WINDOW_S = 60.0  # the time constant of the kernel's 1-minute load average
+SAMPLE_S = 1.0  # the window in which other processes' CPU use is measured before a timing
 
 
 @dataclass(frozen=True)
@@ -134,17 +139,54 @@ def usable_cpus() -> int:
 
 
 def _cpu_reason(needs_cpus: float | None) -> str | None:
+    cpus = usable_cpus()
+    needs = cpus if needs_cpus is None else min(needs_cpus, cpus)
+    others = _others_now(SAMPLE_S)
+    if others is not None:
+        if others <= cpus - needs + IDLE_SLACK_CPUS:
+            return None
+        return (f"machine busy: other processes used {others:.1f} of {cpus} CPU{'s' if cpus != 1 else ''} "
+                f"in the {SAMPLE_S:g} s before the run")
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):
         return None  # no load average on this system: only the spread can tell
-    cpus = usable_cpus()
-    needs = cpus if needs_cpus is None else min(needs_cpus, cpus)
     others = max(0.0, load - _OWN_LOAD.now())
     if others <= cpus - needs + IDLE_SLACK_CPUS:
         return None
     return (f"machine busy: load {load:.1f} on {cpus} CPU{'s' if cpus != 1 else ''}, "
             f"about {others:.1f} of it from other processes")
+
+
+def _others_now(window_s: float) -> float | None:
+    """CPUs' worth of work other processes did over the next `window_s` seconds: the
+    machine's busy time (/proc/stat: user, nice, system, irq, softirq, steal) less this
+    process tree's own (os.times, its finished children included: call it between runs).
+    None where /proc/stat cannot be read."""
+    before, own_before, started = _machine_busy_s(), _own_cpu_s(), time.monotonic()
+    if before is None:
+        return None
+    time.sleep(window_s)
+    after, own_after, elapsed = _machine_busy_s(), _own_cpu_s(), time.monotonic() - started
+    if after is None or elapsed <= 0:
+        return None
+    return max(0.0, (after - before) - (own_after - own_before)) / elapsed
+
+
+def _machine_busy_s() -> float | None:
+    """Seconds every CPU of the machine has spent busy since boot (/proc/stat's first line)."""
+    try:
+        with open("/proc/stat") as handle:
+            fields = handle.readline().split()
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+        return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _own_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 class _OwnLoad:
