@@ -19,13 +19,16 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 # Each docs/results page must name these, the versions with at least VERSION_NAMES.
 REQUIRED_KEYS = ("command", "commit", "device", "versions")
 VERSION_NAMES = ("python", "torch", "transformers", "trainwise")
-# A 1-minute load average above this share of the cores means other work shared the CPU.
+# A 1-minute load average above this share of the cores means other work shared the CPU:
+# the rule for rows written before the machine's busy time was recorded (a load average
+# counts the measurement's own work too, so a 2-core benchmark read busy by its end).
 BUSY_LOAD_PER_CORE = 0.5
 
 
@@ -35,15 +38,50 @@ def script_command(script: str, argv: list[str]) -> str:
 
 
 def collect(command: str) -> dict:
-    """Provenance at the start of a measurement (the load average is taken now)."""
+    """Provenance at the start of a measurement (the load average and the machine's and this
+    process tree's CPU seconds are taken now)."""
     return {"command": command, "commit": git_commit(), "device": device_description(),
             "versions": versions(), "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "load_start": load_average(), "cores": cpu_count()}
+            "load_start": load_average(), "cores": cpu_count(), "cpu_probe": cpu_probe()}
 
 
 def finish(prov: dict) -> dict:
-    """`prov` with the load average at the end of the measurement."""
-    return {**prov, "load_end": load_average()}
+    """`prov` with the load average at the end of the measurement and the CPUs other
+    processes used on average since `collect` (call it when the measurement's own child
+    processes have ended: their CPU time is then this tree's). Can be called again."""
+    others = others_cpus_since(prov.get("cpu_probe"))
+    return {**prov, "load_end": load_average(), **({"others_cpus": others} if others is not None else {})}
+
+
+def cpu_probe() -> dict | None:
+    """The machine's busy CPU seconds since boot and this process tree's, now (None where
+    /proc/stat cannot be read)."""
+    from trainwise.common.noise import machine_busy_s, own_cpu_s
+
+    busy = machine_busy_s()
+    return None if busy is None else {"machine_busy_s": busy, "own_cpu_s": own_cpu_s(), "at": time.time()}
+
+
+def others_cpus_since(probe: dict | None) -> float | None:
+    """CPUs' worth of work other processes did on average since `probe`: the measurement's
+    interference, which its own work (counted in a load average) is not."""
+    now = cpu_probe()
+    if probe is None or now is None or now["at"] <= probe["at"]:
+        return None
+    other = (now["machine_busy_s"] - probe["machine_busy_s"]) - (now["own_cpu_s"] - probe["own_cpu_s"])
+    return round(max(0.0, other) / (now["at"] - probe["at"]), 2)
+
+
+def busy(prov: dict) -> bool:
+    """Whether other work shared the CPU during the measurement: other processes used more
+    than half a CPU on average (noise.IDLE_SLACK_CPUS); for older rows without that
+    figure, the load average rule."""
+    from trainwise.common.noise import IDLE_SLACK_CPUS
+
+    if prov.get("others_cpus") is not None:
+        return prov["others_cpus"] > IDLE_SLACK_CPUS
+    loads = [v for v in (prov.get("load_start"), prov.get("load_end")) if v is not None]
+    return bool(loads) and max(loads) > BUSY_LOAD_PER_CORE * (prov.get("cores") or 1)
 
 
 def git_commit() -> str:
@@ -113,14 +151,19 @@ def load_average() -> float | None:
 
 
 def load_line(prov: dict) -> str:
-    """The machine's 1-minute load average at start and end, and whether that is busy."""
+    """How busy the machine was: the CPUs other processes used during the measurement where
+    recorded, the 1-minute load average at start and end (which counts the measurement's own
+    work too), and the verdict."""
     start, end, cores = prov.get("load_start"), prov.get("load_end"), prov.get("cores") or 1
-    if start is None:
+    if start is None and prov.get("others_cpus") is None:
         return "not available on this system"
-    busy = max(start, end if end is not None else start) > BUSY_LOAD_PER_CORE * cores
     verdict = ("busy: other work shared the CPU, so times are noisier and slower than on a quiet machine"
-               if busy else "quiet")
-    return f"1-minute load average {start} at start, {end} at end, on {cores} cores: {verdict}"
+               if busy(prov) else "quiet")
+    loads = f"1-minute load average {start} at start, {end} at end, on {cores} cores"
+    if prov.get("others_cpus") is not None:
+        return (f"other processes used {prov['others_cpus']} CPUs on average during the measurement "
+                f"({loads}, this measurement's own work included): {verdict}")
+    return f"{loads}: {verdict}"
 
 
 def header(prov: dict) -> str:

@@ -152,9 +152,8 @@ def _group_section(group: dict, found: dict) -> list[str]:
 
 def _warnings(launch: dict) -> list[str]:
     prov = launch["provenance"]
-    loads = [v for v in (prov.get("load_start"), prov.get("load_end")) if v is not None]
     out = []
-    if loads and max(loads) > provenance.BUSY_LOAD_PER_CORE * (prov.get("cores") or 1):
+    if provenance.busy(prov):
         out.append(f"the machine was busy ({provenance.load_line(prov)}): these times are not valid figures")
     out += [f"calibration: {w}" for w in launch["profile"]["warnings"]]
     out += [f"{g['name']} plan {n}: {len(p['errors'])} failed runs ({p['errors'][-1]})"

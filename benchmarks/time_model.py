@@ -387,14 +387,14 @@ def run_case(args, case: Case, rows: list[dict], scratch: Path) -> tuple[str, bo
 
     args = argparse.Namespace(**vars(args), case=case, threads=case.threads, clock=case.clock)
     torch.set_num_threads(case.threads or args.default_threads)  # the thread count estimate checks the profile against
-    load_start = provenance.load_average()
+    case_prov = {"load_start": provenance.load_average(), "cores": provenance.cpu_count(),
+                 "cpu_probe": provenance.cpu_probe()}
     profile, warnings = (None, []) if args.measure_only else profile_for_run(args, case, scratch)
     if profile is not None:
         predict(rows, profile)  # first: a missing time model fails in seconds, not after the runs
     started = time.perf_counter()
     measure(rows, args, scratch)
-    warnings += noise_warnings(rows, {"load_start": load_start, "load_end": provenance.load_average(),
-                                      "cores": provenance.cpu_count()})
+    warnings += noise_warnings(rows, provenance.finish(case_prov))
     summary = summarize(rows)
     if args.quick:
         ok, line = True, "quick smoke run: too few plans and repeats for a verdict"
@@ -406,10 +406,8 @@ def run_case(args, case: Case, rows: list[dict], scratch: Path) -> tuple[str, bo
 def noise_warnings(rows: list[dict], prov: dict) -> list[str]:
     warnings = [f"{r['name']}: repeats spread {100 * r['spread']:.0f} % (> {100 * NOISY_SPREAD:.0f} %)"
                 for r in rows if r.get("spread") is not None and r["spread"] > NOISY_SPREAD]
-    loads = [v for v in (prov.get("load_start"), prov.get("load_end")) if v is not None]
-    if loads and max(loads) > (prov.get("cores") or 1):
-        warnings.insert(0, f"the machine was busy (1-minute load average up to {max(loads)} on {prov.get('cores')} "
-                           "cores): measured times are slower and noisier than on a quiet machine")
+    if provenance.busy(prov):
+        warnings.insert(0, f"the machine was busy ({provenance.load_line(prov)})")
     failed = [f"{r['name']}: {r['errors'][-1]}" for r in rows if r.get("errors")]
     return warnings + [f"run failed: {f}" for f in failed]
 

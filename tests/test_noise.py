@@ -74,18 +74,18 @@ def test_others_cpu_use_is_the_machines_busy_time_less_this_process_trees_own(mo
     """3 CPU-seconds busy in a 1.5 s window, 0.6 of them ours (our own or a finished child's):
     other processes used 1.6 CPUs."""
     machine, own, clock = iter([100.0, 103.0]), iter([5.0, 5.6]), iter([10.0, 11.5])
-    monkeypatch.setattr(noise, "_machine_busy_s", lambda: next(machine))
-    monkeypatch.setattr(noise, "_own_cpu_s", lambda: next(own))
+    monkeypatch.setattr(noise, "machine_busy_s", lambda: next(machine))
+    monkeypatch.setattr(noise, "own_cpu_s", lambda: next(own))
     monkeypatch.setattr(noise.time, "monotonic", lambda: next(clock))
     monkeypatch.setattr(noise.time, "sleep", lambda seconds: None)
     assert noise._others_now(1.5) == pytest.approx(1.6)
 
 
 def test_the_machines_busy_time_is_read_from_proc_stat_where_there_is_one():
-    busy = noise._machine_busy_s()
+    busy = noise.machine_busy_s()
     if busy is None:
         pytest.skip("no /proc/stat on this system")
-    assert 0 < busy <= noise._machine_busy_s()
+    assert 0 < busy <= noise.machine_busy_s()
 
 
 def _fake_nvml(monkeypatch, pids, utilisation):

@@ -217,3 +217,27 @@ def test_wherever_readme_quotes_a_hand_assembled_page_it_says_so():
 def test_a_hand_assembled_page_is_recognised_from_its_provenance():
     assert _hand_assembled(REPO / "docs" / "results" / "memory-H100.md")
     assert not _hand_assembled(REPO / "docs" / "results" / "time-model-cpu.md")
+
+
+def test_a_page_is_busy_when_other_processes_used_the_cpu_not_when_its_own_work_raised_the_load():
+    """A 2-core benchmark drives the load average to about 2 itself: what others used decides."""
+    own_work = {"load_start": 0.2, "load_end": 2.1, "cores": 2, "others_cpus": 0.05}
+    assert not provenance.busy(own_work) and provenance.load_line(own_work).endswith(": quiet")
+    shared = {**own_work, "others_cpus": 1.2}
+    assert provenance.busy(shared) and "other processes used 1.2 CPUs" in provenance.load_line(shared)
+    assert provenance.busy({"load_start": 0.2, "load_end": 2.1, "cores": 2})  # older rows: the load average rule
+
+
+def test_others_cpu_use_since_a_probe_leaves_out_this_process_trees_own(monkeypatch):
+    from trainwise.common import noise
+
+    readings = iter([(100.0, 5.0, 1000.0), (104.0, 8.0, 1002.0)])  # machine busy s, ours, clock
+
+    def probe():
+        busy, own, at = next(readings)
+        return {"machine_busy_s": busy, "own_cpu_s": own, "at": at}
+
+    monkeypatch.setattr(provenance, "cpu_probe", probe)
+    first = provenance.cpu_probe()
+    assert provenance.others_cpus_since(first) == 0.5  # (4 - 3) CPU-seconds over 2 s
+    assert noise.machine_busy_s() is None or noise.machine_busy_s() > 0

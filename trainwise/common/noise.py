@@ -163,17 +163,17 @@ def _others_now(window_s: float) -> float | None:
     machine's busy time (/proc/stat: user, nice, system, irq, softirq, steal) less this
     process tree's own (os.times, its finished children included: call it between runs).
     None where /proc/stat cannot be read."""
-    before, own_before, started = _machine_busy_s(), _own_cpu_s(), time.monotonic()
+    before, own_before, started = machine_busy_s(), own_cpu_s(), time.monotonic()
     if before is None:
         return None
     time.sleep(window_s)
-    after, own_after, elapsed = _machine_busy_s(), _own_cpu_s(), time.monotonic() - started
+    after, own_after, elapsed = machine_busy_s(), own_cpu_s(), time.monotonic() - started
     if after is None or elapsed <= 0:
         return None
     return max(0.0, (after - before) - (own_after - own_before)) / elapsed
 
 
-def _machine_busy_s() -> float | None:
+def machine_busy_s() -> float | None:
     """Seconds every CPU of the machine has spent busy since boot (/proc/stat's first line)."""
     try:
         with open("/proc/stat") as handle:
@@ -184,7 +184,7 @@ def _machine_busy_s() -> float | None:
         return None
 
 
-def _own_cpu_s() -> float:
+def own_cpu_s() -> float:
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
 
