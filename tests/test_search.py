@@ -338,3 +338,23 @@ def test_a_refined_plans_breakdown_is_its_own_step_not_its_bases():
     liger = refine.REFINEMENTS[[r.name for r in refine.REFINEMENTS].index("Liger kernels")]
     refined = refine._refined(base, liger, refine.Effect(freed_per_sample=0.0, time_factor=0.8))
     assert refined.step_s == pytest.approx(0.8) and sum(refined.breakdown.values()) == pytest.approx(0.8)
+
+
+def test_plans_the_estimate_refuses_are_noted_once_per_reason_as_flags():
+    """Flash with tf32 is refused by the estimate for every optimizer and checkpointing
+    choice: one readable note, not a Python dictionary per refused plan."""
+    from trainwise.search.screen_and_confirm import TraceCache, refusal_notes
+
+    def evaluate(plan):
+        if plan.attention == "flash" and plan.precision == "tf32":
+            raise InputError("--attention", "flash runs in fp16 or bf16 only")
+        return Measure(memory_bytes=1, step_s=1.0, breakdown={"matmul": 1.0}, ideal_s=1.0)
+
+    cache = TraceCache(evaluate, Plan(device="H100", precision="bf16"))
+    for ckpt in (False, True):
+        for optim in ("adamw", "adamw-fused"):
+            cache.at({"attention": "flash", "precision": "tf32", "grad_ckpt": ckpt, "optim": optim}, 4)
+    cache.at({"attention": "flash", "precision": "bf16", "grad_ckpt": False, "optim": "adamw"}, 4)
+    notes = refusal_notes(cache)
+    assert len(notes) == 1 and "{" not in notes[0], notes
+    assert notes[0].startswith("4 plans with --attention flash --precision tf32 not searched: --attention:")

@@ -66,6 +66,23 @@ class TraceCache:
         return self.points[key]
 
 
+def refusal_notes(cache: TraceCache) -> list[str]:
+    """One note per reason the evaluator refused plans, naming what those plans share off the
+    base plan as flags ("--attention flash --precision tf32"), not as a dictionary per plan."""
+    by_reason: dict[str, list[dict]] = {}
+    for knobs, why in cache.refusals.items():
+        by_reason.setdefault(why, []).append(dict(knobs))
+    notes = []
+    for why, plans in by_reason.items():
+        shared = {k: v for k, v in plans[0].items() if all(p.get(k) == v for p in plans[1:])}
+        off_base = {k: v for k, v in shared.items() if getattr(cache.base, k, None) != v} or shared
+        flags = " ".join(f"--{k.replace('_', '-')}" if v is True else f"--{k.replace('_', '-')} {v}"
+                         for k, v in sorted(off_base.items()) if v is not False)
+        count = f"{len(plans)} plans" if len(plans) > 1 else "a plan"
+        notes.append(f"{count} with {flags or 'these settings'} not searched: {why}")
+    return notes
+
+
 def traced_sizes(space: Space) -> tuple[int, int]:
     """(low, high) micro-batches to trace: high the largest option <= TRACED_MICRO_BATCH,
     low the largest option <= high / 4 (equal when there is one option)."""
@@ -165,7 +182,7 @@ def search(space: Space, device: Device, evaluator: Evaluator, *, capacity_bytes
     usable = None if capacity_bytes is None else int(capacity_bytes * (1 - margin))
     timed = bool(screened) and all(not math.isnan(c.step_s) for c in screened)
     ranked, evaluations = confirm(screened, device, evaluator, usable, timed, top, progress)
-    notes = [f"{dict(k)} not searched: {why}" for k, why in cache.refusals.items()]
+    notes = refusal_notes(cache)
     return SearchResult(ranked=ranked, screened=screened, usable_bytes=usable, timed=timed,
                         evaluations=len(cache.points) + evaluations, notes=notes)
 
