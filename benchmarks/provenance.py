@@ -19,7 +19,6 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -54,22 +53,19 @@ def finish(prov: dict) -> dict:
 
 
 def cpu_probe() -> dict | None:
-    """The machine's busy CPU seconds since boot and this process tree's, now (None where
-    /proc/stat cannot be read)."""
-    from trainwise.common.noise import machine_busy_s, own_cpu_s
+    """The machine's and this process tree's busy CPU seconds now (trainwise.common.noise)."""
+    from trainwise.common.noise import cpu_probe as probe
 
-    busy = machine_busy_s()
-    return None if busy is None else {"machine_busy_s": busy, "own_cpu_s": own_cpu_s(), "at": time.time()}
+    return probe()
 
 
 def others_cpus_since(probe: dict | None) -> float | None:
     """CPUs' worth of work other processes did on average since `probe`: the measurement's
     interference, which its own work (counted in a load average) is not."""
-    now = cpu_probe()
-    if probe is None or now is None or now["at"] <= probe["at"]:
-        return None
-    other = (now["machine_busy_s"] - probe["machine_busy_s"]) - (now["own_cpu_s"] - probe["own_cpu_s"])
-    return round(max(0.0, other) / (now["at"] - probe["at"]), 2)
+    from trainwise.common.noise import others_cpus_since as others
+
+    value = others(probe)
+    return None if value is None else round(value, 2)
 
 
 def busy(prov: dict) -> bool:

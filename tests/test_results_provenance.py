@@ -237,7 +237,7 @@ def test_others_cpu_use_since_a_probe_leaves_out_this_process_trees_own(monkeypa
         busy, own, at = next(readings)
         return {"machine_busy_s": busy, "own_cpu_s": own, "at": at}
 
-    monkeypatch.setattr(provenance, "cpu_probe", probe)
+    monkeypatch.setattr(noise, "cpu_probe", probe)
     first = provenance.cpu_probe()
     assert provenance.others_cpus_since(first) == 0.5  # (4 - 3) CPU-seconds over 2 s
     assert noise.machine_busy_s() is None or noise.machine_busy_s() > 0

@@ -159,18 +159,31 @@ def _cpu_reason(needs_cpus: float | None) -> str | None:
 
 
 def _others_now(window_s: float) -> float | None:
-    """CPUs' worth of work other processes did over the next `window_s` seconds: the
-    machine's busy time (/proc/stat: user, nice, system, irq, softirq, steal) less this
-    process tree's own (os.times, its finished children included: call it between runs).
-    None where /proc/stat cannot be read."""
-    before, own_before, started = machine_busy_s(), own_cpu_s(), time.monotonic()
+    """CPUs' worth of work other processes did over the next `window_s` seconds (call it
+    between runs); None where /proc/stat cannot be read."""
+    before = cpu_probe()
     if before is None:
         return None
     time.sleep(window_s)
-    after, own_after, elapsed = machine_busy_s(), own_cpu_s(), time.monotonic() - started
-    if after is None or elapsed <= 0:
+    return others_cpus_since(before)
+
+
+def cpu_probe() -> dict | None:
+    """The machine's busy CPU seconds since boot and this process tree's (its finished
+    children included), now; None where /proc/stat cannot be read."""
+    busy = machine_busy_s()
+    return None if busy is None else {"machine_busy_s": busy, "own_cpu_s": own_cpu_s(), "at": time.monotonic()}
+
+
+def others_cpus_since(before: dict | None) -> float | None:
+    """CPUs' worth of work other processes did on average since the probe `before`: the
+    machine's busy time (/proc/stat: user, nice, system, irq, softirq, steal) less this
+    process tree's own, over the wall time between."""
+    after = cpu_probe()
+    if before is None or after is None or after["at"] <= before["at"]:
         return None
-    return max(0.0, (after - before) - (own_after - own_before)) / elapsed
+    other = (after["machine_busy_s"] - before["machine_busy_s"]) - (after["own_cpu_s"] - before["own_cpu_s"])
+    return max(0.0, other) / (after["at"] - before["at"])
 
 
 def machine_busy_s() -> float | None:
