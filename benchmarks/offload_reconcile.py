@@ -20,8 +20,6 @@ before it reports out of memory (the model keeps them: caching_allocator.py's do
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import importlib
 import sys
 from pathlib import Path
 
@@ -86,17 +84,21 @@ def _cache_at_reserved_peak() -> dict:
     segments still partly in use (not released)."""
     from trainwise.estimator import memory as memory_model
     from trainwise.estimator.caching_allocator import CachingAllocatorModel
-    from trainwise.estimator.extrapolate import TRACED_BLOCKS, block_count, extrapolated_stacks, synthesize_trace
-    from trainwise.estimator.extrapolate import with_blocks
+    from trainwise.estimator.extrapolate import extrapolated_stacks, synthesize_trace
+    from trainwise.estimator.predict import traced_step
     from trainwise.hardware import resolve_device
     from trainwise.models import resolve_model
     from trainwise.plan.plan import Plan
 
-    one_device = importlib.import_module("trainwise.api.estimate")
     spec, plan, device = resolve_model(MODEL), Plan.from_dict(PLAN), resolve_device(PLAN["device"])
-    small, large = (one_device._trace(dataclasses.replace(spec, config=with_blocks(spec.config, n)), plan, device)[0]
-                    for n in TRACED_BLOCKS)
-    full = synthesize_trace(large, extrapolated_stacks(small, large), block_count(spec.config), small)
+    # The traces the one-device estimate reads, at the depths it chose; the full-depth
+    # timeline below is the one it replays only when it extrapolated by repeating blocks.
+    step = traced_step(spec, plan, device)
+    if step.extrapolation != "repeated":
+        raise SystemExit(f"{MODEL}: the one-device estimate read its memory by {step.extrapolation!r}, "
+                         "not from a repeated-blocks timeline; this section replays that timeline")
+    small, large = step.traces
+    full = synthesize_trace(large, extrapolated_stacks(small, large), step.fit.target, small)
     trace = memory_model._device_resident(full)
     extra = [("workspace", device.cublas_workspace_bytes)] * memory_model.CUBLAS_HANDLES_PER_STEP
     allocator, best = CachingAllocatorModel(), (0, 0, 0, 0)
