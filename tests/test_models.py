@@ -217,6 +217,35 @@ def test_the_estimate_of_flash_traces_the_flash_kernel_and_refuses_fp32(monkeypa
     assert refused.value.field == "--attention" and "fp16 or bf16" in refused.value.message
 
 
+def test_flash_and_sdpa_price_the_same_attention_work():
+    # PyTorch's FLOP formula for its FlashAttention-2 op reads (batch, seq, heads, dim) as
+    # SDPA's (batch, heads, seq, dim): flash's attention was priced ~80x too cheap on Llama-3.2-1B
+    # at sequence 2048 (an H100 plan 11 % faster for nothing).
+    from trainwise.api import estimate
+    from trainwise.plan.plan import Plan
+
+    spec = resolve_model("tiny-llama")
+    plan = Plan(device="H100-SXM", attention="flash", precision="bf16", batch_size=2, seq_len=512)
+    flash, sdpa = (estimate(spec, plan.replace(attention=a)).time for a in ("flash", "sdpa"))
+    assert flash.breakdown["attention"] == pytest.approx(sdpa.breakdown["attention"], rel=0.01)
+    assert flash.mfu == pytest.approx(sdpa.mfu, rel=0.01)  # the same model FLOPs
+
+
+def test_the_flash_kernels_flops_read_its_own_layout():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from trainwise.trace.op_costs import kernel_flops
+
+    aten = torch.ops.aten
+    with FakeTensorMode():
+        query = torch.empty(2, 256, 8, 64, dtype=torch.bfloat16)  # batch, seq, heads, head_dim
+        for key in (torch.empty(2, 256, 8, 64, dtype=torch.bfloat16), torch.empty(2, 256, 2, 64, dtype=torch.bfloat16)):
+            args = (query, key, key, None, None, 256, 256, 0.0, True, False)
+            out = aten._flash_attention_forward(*args)
+            # 2 matmuls of (seq x dim) by (dim x seq) per head and row: 4 * b * h * s^2 * d
+            assert kernel_flops(aten._flash_attention_forward.default, args, {}, out) == 4 * 2 * 8 * 256 ** 2 * 64
+
+
 def test_family_without_sdpa_falls_back_to_eager_with_a_note(tmp_path):
     GPTNeoConfig(hidden_size=32, num_layers=2, num_heads=2, vocab_size=128,
                  attention_types=[[["global", "local"], 1]]).save_pretrained(tmp_path)

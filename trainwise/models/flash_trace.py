@@ -9,7 +9,8 @@ the kernel's (batch, seq, heads, head_dim) layout; fp32 inputs cast to the autoc
 flash runs only in fp16 or bf16, so an fp32 plan is refused before: models/attention.py) and calls PyTorch's own FlashAttention-2 kernel,
 `aten._flash_attention_forward`, whose fake kernel and backward keep what flash-attn keeps:
 the half-precision inputs, the output and one fp32 log-sum-exp per query row and head (no
-seq x seq matrix). Its FLOPs are counted with PyTorch's flash formulas.
+seq x seq matrix). Its FLOPs are counted in that layout (trace/flops_formulas.py: PyTorch's
+own formula for the op reads it as SDPA's).
 
 What it leaves out: a padded batch, which flash-attn unpads (variable-length kernel): the
 stand-in computes the padding too, as sdpa does (an upper bound).

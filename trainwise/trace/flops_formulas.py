@@ -5,6 +5,11 @@ other users of FlopCounterMode in the same process see PyTorch's own figures.
 
 * The CPU flash-attention kernels (what SDPA dispatches to on the fake CPU tensors the
   count runs on) have no formula; their work is that of the CUDA attention kernels.
+* PyTorch's FlashAttention-2 op (`aten._flash_attention_forward`, what `--attention flash`
+  traces: models/flash_trace.py) takes its inputs as (batch, seq, heads, head_dim), but
+  PyTorch's formula for it reads them as (batch, heads, seq, head_dim), which counts
+  heads x heads x seq instead of seq x seq x heads: about 2,000 times too few FLOPs at
+  sequence 2048 and 32 heads. The count reads flash's own layout.
 * Attention backward counts 4 matmuls, twice the forward's 2 (dQ, dK, dV and the score
   gradient). PyTorch's formulas also count the score matrix the flash kernels recompute in
   backward, since they do not keep it; that is kernel work, not model work, and counting
@@ -29,6 +34,21 @@ def _attention_forward(query, key, value, *args, out_shape=None, **kwargs) -> in
 
 def _attention_backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
     return 2 * sdpa_flop_count(query, key, value)
+
+
+def flash_layout(shape) -> tuple:
+    """A flash kernel's (batch, seq, heads, head_dim) shape as SDPA's (batch, heads, seq, head_dim)."""
+    batch, seq, heads, dim = shape
+    return (batch, heads, seq, dim)
+
+
+def _flash_forward(query, key, value, *args, out_shape=None, **kwargs) -> int:
+    # Padded rows only (cum_seq_q None): the stand-in the estimate traces never packs them.
+    return sdpa_flop_count(flash_layout(query), flash_layout(key), flash_layout(value))
+
+
+def _flash_backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+    return 2 * sdpa_flop_count(flash_layout(query), flash_layout(key), flash_layout(value))
 
 
 def _grouped_mm_forward(input, weight, offs, out_val=None) -> int:
@@ -60,6 +80,9 @@ def model_flop_formulas() -> dict:
                  "_scaled_dot_product_cudnn_attention_backward"):
         if hasattr(aten, name):
             formulas[getattr(aten, name)] = _attention_backward
+    if hasattr(aten, "_flash_attention_forward"):
+        formulas[aten._flash_attention_forward] = _flash_forward
+        formulas[aten._flash_attention_backward] = _flash_backward
     formulas.update(_moe_formulas())
     return formulas
 

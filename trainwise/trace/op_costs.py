@@ -49,7 +49,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count, shape_wrapper
 
-from trainwise.trace.flops_formulas import model_flop_formulas
+from trainwise.trace.flops_formulas import flash_layout, model_flop_formulas
 from trainwise.trace.fusion import CompiledRegions, FusionGrouper
 
 CLASSES = ("matmul", "attention", "normalization", "transcendental", "random", "elementwise", "metadata")
@@ -265,6 +265,17 @@ def _cpu_attention_forward(query, key, value, *args, out_shape=None, **kwargs) -
     return sdpa_flop_count(query, _as_query_heads(key, query), _as_query_heads(value, query))
 
 
+def _flash_forward(query, key, value, *args, out_shape=None, **kwargs) -> int:
+    """PyTorch's FlashAttention-2 op, in its (batch, seq, heads, head_dim) layout (PyTorch's own
+    formula reads it as SDPA's: flops_formulas.py)."""
+    return _cpu_attention_forward(flash_layout(query), flash_layout(key), flash_layout(value))
+
+
+def _flash_backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+    return _cpu_attention_backward(flash_layout(grad_out), flash_layout(query), flash_layout(key),
+                                   flash_layout(value))
+
+
 def _as_query_heads(shape, query_shape) -> tuple:
     """A key or value shape (batch, heads, seq, dim) with the query's head count: grouped-query
     attention broadcasts K/V heads to the query's, so the kernel's work is that of equal heads.
@@ -281,13 +292,16 @@ def _grouped_formulas() -> dict:
 @functools.cache
 def _kernel_formulas() -> dict:
     """PyTorch's formulas (kernel work), the CPU flash kernel's (the same work as CUDA's),
-    and the grouped matmuls'. Shape formulas are wrapped as FlopCounterMode does."""
+    the FlashAttention-2 op's in its own layout, and the grouped matmuls'. Shape formulas are wrapped as FlopCounterMode does."""
     aten = torch.ops.aten
     formulas = dict(flop_registry)
     if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
         formulas[aten._scaled_dot_product_flash_attention_for_cpu] = shape_wrapper(_cpu_attention_forward)
     if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward"):
         formulas[aten._scaled_dot_product_flash_attention_for_cpu_backward] = shape_wrapper(_cpu_attention_backward)
+    if hasattr(aten, "_flash_attention_forward"):
+        formulas[aten._flash_attention_forward] = shape_wrapper(_flash_forward)
+        formulas[aten._flash_attention_backward] = shape_wrapper(_flash_backward)
     for op, formula in _grouped_formulas().items():
         formulas[op] = formula if getattr(formula, "_get_raw", False) else shape_wrapper(formula)
     return formulas
