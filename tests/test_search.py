@@ -358,3 +358,41 @@ def test_plans_the_estimate_refuses_are_noted_once_per_reason_as_flags():
     notes = refusal_notes(cache)
     assert len(notes) == 1 and "{" not in notes[0], notes
     assert notes[0].startswith("4 plans with --attention flash --precision tf32 not searched: --attention:")
+
+
+def test_a_faster_screened_alternative_is_estimated_exactly_even_when_tied_with_a_simpler_pick(monkeypatch):
+    # The tie rule ranks a simpler pick over a plan up to the measured error faster; that plan's
+    # "why not" line still must not rest on a screened figure the exact estimate contradicts
+    # (README's plan example said "optimizer adamw: +10.6 %" where exact estimates had it slower).
+    from trainwise.search import ties
+    from trainwise.search.screen_and_confirm import SearchResult, candidate_of
+    from trainwise.search.why_lost import confirmed_alternatives
+
+    monkeypatch.setattr(ties, "measured_error", lambda kind: 0.2)
+    winner_plan = Plan(device="H100", batch_size=4, seq_len=128)
+    winner = candidate_of(winner_plan, Measure(memory_bytes=10 * GIB, step_s=1.0), H100, exact=True)
+    flash = candidate_of(winner_plan.replace(attention="flash"), Measure(memory_bytes=10 * GIB, step_s=1 / 1.1), H100,
+                         exact=False)  # screened 10 % faster: tied, and the pick is simpler
+    result = SearchResult(ranked=[winner], screened=[winner, flash], usable_bytes=70 * GIB, timed=True, evaluations=2)
+    evaluator = Counting(lambda plan: Measure(memory_bytes=10 * GIB, step_s=1.05))
+    (_, other, line), = confirmed_alternatives(result, list(result.screened), ("attention",), H100, evaluator)
+    assert [p.attention for p in evaluator.plans] == ["flash"]
+    assert other.exact and line.startswith("flash attention: -4.8 % tokens/s") and line.endswith(", predicted")
+
+
+def test_a_why_not_line_compares_plans_that_differ_in_its_technique_alone():
+    # The best plain-AdamW plan also compiled reads faster than an uncompiled pick by what compile
+    # does; the optimizer's line must compare the uncompiled one (and name the extra flag where
+    # no plan differs in the optimizer alone).
+    from trainwise.search.screen_and_confirm import candidate_of
+
+    winner_plan = Plan(device="H100", batch_size=4, seq_len=128, optim="adamw-fused")
+    winner = candidate_of(winner_plan, Measure(memory_bytes=10 * GIB, step_s=1.0), H100, exact=True)
+    compiled = candidate_of(winner_plan.replace(optim="adamw", compile=True), Measure(memory_bytes=10 * GIB, step_s=0.8),
+                            H100, exact=True)
+    plain = candidate_of(winner_plan.replace(optim="adamw", batch_size=2, grad_accum=2),
+                         Measure(memory_bytes=10 * GIB, step_s=1.02), H100, exact=True)
+    (_, other, line), = alternatives(winner, [winner, compiled, plain], 70 * GIB, True, ("optim",))
+    assert other.plan == plain.plan and line.startswith("optimizer adamw: -2.0 % tokens/s")
+    (_, other, line), = alternatives(winner, [winner, compiled], 70 * GIB, True, ("optim",))
+    assert other.plan == compiled.plan and line.startswith("optimizer adamw (with --compile): +25.0 % tokens/s")

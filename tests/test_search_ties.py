@@ -111,3 +111,20 @@ def test_the_why_not_line_of_a_tied_faster_plan_says_it_lost_by_the_tie_and_it_s
     assert result.ranked[0].plan.attention == "sdpa"  # the faster alternative, confirmed, did not take the pick
     line = next(text for knob, _, text in lines if knob == "attention")
     assert line.startswith("eager attention: +") and "tied with the pick within the time model's measured" in line
+
+
+def test_a_tie_note_naming_a_plan_now_ranked_above_is_dropped():
+    # README's plan example: the plain plan, preferred earlier to the compiled one, said "ranked
+    # above it as the simpler plan" while the compiled one (tied with a faster flash plan the
+    # plain one is not tied with) was ranked first.
+    error = ties.measured_error("cuda")
+    base = Plan(device="H100", batch_size=4, seq_len=1024)
+    plain = _candidate(base, 1.0)
+    compiled = _candidate(base.replace(compile=True), 1 / (1 + error / 2))
+    plain = ties.first([compiled, plain], error)
+    assert plain.notes[0].startswith("tied with the plan with --compile ")
+    flash = _candidate(base.replace(compile=True, attention="flash"), 1 / (1 + error * 1.5))
+    ordered = ties.order([flash, compiled, plain], error)
+    assert [c.plan for c in ordered] == [compiled.plan, flash.plan, plain.plan]
+    assert ordered[0].notes[0].startswith("tied with the plan with --attention flash ")
+    assert ordered[2].notes == ()

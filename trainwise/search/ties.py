@@ -70,8 +70,16 @@ def order(ranked: list[Candidate], error: float | None) -> list[Candidate]:
     while left:
         chosen = first(left, error)
         left = [c for c in left if c.plan != chosen.plan]
-        out.append(chosen)
+        out.append(_stale_ties_dropped(chosen, out))
     return out
+
+
+def _stale_ties_dropped(candidate: Candidate, above: list[Candidate]) -> Candidate:
+    """`candidate` without a tie note (made in an earlier ranking) that names a plan ranked
+    above it now: it says the candidate was ranked above that plan."""
+    stale = {f"{TIE_NOTE} {difference(c.plan, candidate.plan)} " for c in above if c.plan != candidate.plan}
+    notes = tuple(n for n in candidate.notes if not any(n.startswith(s) for s in stale))
+    return candidate if notes == candidate.notes else replace(candidate, notes=notes)
 
 
 def tie_note(chosen: Candidate, faster: Candidate, error: float) -> str:

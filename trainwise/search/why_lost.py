@@ -1,9 +1,11 @@
 """One line per main alternative on why it lost to the winner, from the predictions' difference.
 
 An alternative is the best plan that differs from the winner in one technique (checkpointing,
-attention kernel, optimizer, precision, LoRA, or the layout); its line says that it does not
-fit (and by how much), or how much slower it is and which part of the step makes the
-difference."""
+attention kernel, optimizer, precision, LoRA, or the layout) and in nothing else but the batch
+shape; its line says that it does not fit (and by how much), or how much slower it is and
+which part of the step makes the difference. Where no plan differs in that technique alone,
+the best that differs in it is shown, with the other flags it differs by: a line must not
+credit one technique with what another (compile, a kernel) does."""
 
 from __future__ import annotations
 
@@ -15,8 +17,15 @@ from trainwise.search.screen_and_confirm import Evaluator, SearchResult, candida
 
 # Rounds of exact estimates of the alternatives that read better than the winner: each round
 # replaces them by their exact figures, and the group's next screened plan may then read better.
-CONFIRM_ROUNDS = 4
+CONFIRM_ROUNDS = 6
 LAYOUT_KNOBS = ("dp", "fsdp", "zero", "cpu_offload", "tp", "sequence_parallel", "pp", "pp_schedule", "microbatches")
+# The knobs one alternative may differ in besides the batch shape: its technique's own settings.
+KNOB_FAMILY = {
+    "grad_ckpt": ("grad_ckpt", "grad_ckpt_policy", "grad_ckpt_every", "activation_offload"),
+    "lora_rank": ("lora_rank", "lora_alpha", "lora_targets"),
+    "layout": LAYOUT_KNOBS,
+}
+BATCH_SHAPE = ("batch_size", "grad_accum")
 
 
 def technique_of(knob: str, candidate: Candidate) -> str:
@@ -45,24 +54,31 @@ def alternatives(winner: Candidate, screened: list[Candidate], usable: int | Non
         others = [c for c in screened if key(c) != key(winner)]
         if not others:
             continue
-        best = best_of(others, usable, timed)
+        rest = _rest(winner.plan, knob)
+        alone = [c for c in others if _rest(c.plan, knob) == rest]
+        best = best_of(alone or others, usable, timed)
         lines.append((knob, best, why_lost(winner, best, usable, timed, knob)))
     return lines
+
+
+def _rest(plan, knob: str) -> dict:
+    """The plan's knobs but the batch shape and `knob`'s own settings."""
+    own = KNOB_FAMILY.get(knob, (knob,))
+    return {k: v for k, v in plan.to_dict().items() if k not in own and k not in BATCH_SHAPE}
 
 
 def confirmed_alternatives(result: SearchResult, judged: list[Candidate], knobs: tuple[str, ...], device,
                            evaluator: Evaluator) -> list[tuple[str, Candidate, str]]:
     """`alternatives`, after estimating exactly every screened alternative that would read as
     better than the winner: a screen's figure is composed from neighbouring plans and can be
-    optimistic, and a line saying a faster plan lost contradicts the ranking. One that is
-    still better once exact joins the ranked plans and wins (`result` is updated)."""
+    optimistic (or fit where the plan does not), and a line must not say a plan is faster when
+    its exact estimate says it is slower. One that is still better once exact joins the ranked
+    plans, and wins unless the tie rule ranks the simpler winner first (`result` is updated)."""
     for _ in range(CONFIRM_ROUNDS):  # a new winner, or the next screened plan of a group, may read better
         winner = result.ranked[0]
         lines = alternatives(winner, judged, result.usable_bytes, result.timed, knobs)
-        # Faster but tied with a simpler winner (search/ties.py) is no contradiction: it lost by the rule.
         doubtful = [c for _, c, _ in lines if not c.exact and fits(c, result.usable_bytes)
-                    and rank_key(c, result.timed) < rank_key(winner, result.timed)
-                    and ranking([c, winner], device, result.timed)[0].plan == c.plan]
+                    and rank_key(c, result.timed) < rank_key(winner, result.timed)]
         if not doubtful:
             return lines
         exact = {c.plan: candidate_of(c.plan, evaluator(c.plan), device, exact=True) for c in doubtful}
@@ -91,9 +107,19 @@ def why_lost(winner: Candidate, other: Candidate, usable: int | None, timed: boo
     loss = 1 - other.tokens_per_s / winner.tokens_per_s
     how = "predicted" if other.exact else "predicted by the screen, not confirmed"
     # A faster alternative that lost was tied with the simpler winner (confirmed_alternatives
-    # made any other one the winner).
-    tie = "; tied with the pick within the time model's measured error, and the pick is simpler" if loss < 0 else ""
-    return f"{label}: {-loss * 100:+.1f} % tokens/s{_biggest_difference(winner, other)}, {how}{tie}"
+    # made any other one the winner), or was still screened when the rounds ran out.
+    tie = ("" if loss >= 0 else "; tied with the pick within the time model's measured error, and the pick is simpler"
+           if other.exact else "; not estimated exactly, so not ranked")
+    also = _also(winner, other, knob)
+    return f"{label}{also}: {-loss * 100:+.1f} % tokens/s{_biggest_difference(winner, other)}, {how}{tie}"
+
+
+def _also(winner: Candidate, other: Candidate, knob: str) -> str:
+    """' (with --compile)': the other flags it differs by, where no plan differs in `knob` alone."""
+    mine, theirs = _rest(winner.plan, knob), _rest(other.plan, knob)
+    extra = [f"no --{k.replace('_', '-')}" if v is False else f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
+             for k, v in theirs.items() if mine.get(k) != v]
+    return f" (with {' '.join(extra)})" if extra else ""
 
 
 def _biggest_difference(winner: Candidate, other: Candidate) -> str:
