@@ -79,19 +79,19 @@ def test_the_eager_estimate_is_priced_as_before_and_compile_is_faster():
 def test_a_fused_chain_reads_what_enters_it_and_writes_what_leaves_it():
     rows, keys = {}, {}
     grouper = FusionGrouper(rows, lambda t: keys.setdefault(id(t.untyped_storage()), len(keys)))
-    region, key = ("forward", 0), ("forward", 0, "elementwise", "fp32", False)
+    region, key = ("forward", 0), ("forward", 0, "elementwise", "fp32", False, 0)
     x, w = torch.ones(4, 4), torch.ones(4, 4)
     a, b = x * 2, None
     grouper.op(region, key, "elementwise", [x], [a], [1, 0, 128, 64])
     b = a + 1
     grouper.op(region, key, "elementwise", [a], [b], [1, 0, 64, 64])
     c = b.sigmoid()
-    grouper.op(region, ("forward", 0, "transcendental", "fp32", False), "transcendental", [b], [c], [1, 0, 64, 64])
-    mm_key = ("forward", 0, "matmul", "fp32", False)
+    grouper.op(region, ("forward", 0, "transcendental", "fp32", False, 0), "transcendental", [b], [c], [1, 0, 64, 64])
+    mm_key = ("forward", 0, "matmul", "fp32", False, 0)
     grouper.op(region, mm_key, "matmul", [c, w], [c @ w], [1, 128, 128, 64])
     assert rows[key] == [1, 0, 64, 0], "one kernel reading x once; a and b never leave it"
-    assert rows[("forward", 0, "transcendental", "fp32", False)] == [0, 0, 0, 64], "c leaves for the matmul"
-    assert rows[mm_key] == [1, 128, 128, 64] and rows[("forward", 0, "region", "none", False)] == [1, 0, 0, 0]
+    assert rows[("forward", 0, "transcendental", "fp32", False, 0)] == [0, 0, 0, 64], "c leaves for the matmul"
+    assert rows[mm_key] == [1, 128, 128, 64] and rows[("forward", 0, "region", "none", False, 0)] == [1, 0, 0, 0]
 
 
 def test_estimate_compile_is_no_longer_refused_and_says_its_memory_is_an_upper_bound(capsys):

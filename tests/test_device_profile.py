@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -117,3 +118,34 @@ def test_the_step_factors_optimizer_rate_and_recompute_host_round_trip_and_older
     (tmp_path / "old.json").write_text(json.dumps(older))
     old = read_profile(tmp_path / "old.json")
     assert (old.step_contraction_factor, old.optimizer, old.host_s_per_recomputed_op) == (1.0, None, None)
+
+
+def test_attention_rates_by_head_dim_round_trip_and_an_older_file_without_them_prices_every_head_dim_at_one_rate(
+        tmp_path):
+    single = Rate(5e10, 1e-5)
+    profile = DeviceProfile("cpu", "cpu", "test", {"bf16": Rate(1e11)}, {"bf16": single}, Rate(1e9), 1e-5,
+                            attention_by_head_dim={"bf16": {16: Rate(2e10, 3e-5), 64: single}})
+    again = read_profile(write_profile(profile, tmp_path / "new.json"))
+    assert again.attention_by_head_dim == {"bf16": {16: Rate(2e10, 3e-5), 64: single}}
+    assert again.attention_rate("bf16", 16) == Rate(2e10, 3e-5)
+    older = json.loads((tmp_path / "new.json").read_text())
+    del older["attention_by_head_dim"]
+    (tmp_path / "old.json").write_text(json.dumps(older))
+    old = read_profile(tmp_path / "old.json")
+    assert old.attention_by_head_dim == {}
+    assert old.attention_rate("bf16", 16) == old.attention_rate("bf16", 128) == old.attention_rate("bf16") == single
+    assert catalog_profile(resolve_device("H100")).attention_by_head_dim == {}  # catalog: one factor per dtype
+
+
+def test_a_head_dim_between_measured_ones_is_read_in_log_head_dim_and_one_outside_takes_the_nearest():
+    from trainwise.hardware.profile import rate_at_head_dim
+
+    rates = {16: Rate(1e10, 4e-5), 64: Rate(3e10, 2e-5), 128: Rate(4e10, 1e-5)}
+    assert rate_at_head_dim(rates, 32) == Rate(pytest.approx(2e10), pytest.approx(3e-5))  # halfway in log2
+    assert rate_at_head_dim(rates, 96).per_s == pytest.approx(3e10 + 1e10 * math.log2(1.5))
+    assert rate_at_head_dim(rates, 64) == rates[64]
+    assert rate_at_head_dim(rates, 8) == rates[16] and rate_at_head_dim(rates, 256) == rates[128]
+    profile = DeviceProfile("cpu", "cpu", "test", {"fp32": Rate(1e11)}, {"fp32": rates[64]}, Rate(1e9), 1e-5,
+                            attention_by_head_dim={"fp32": rates})
+    assert profile.attention_rate("fp32", 0) == rates[64]  # head dim unknown: the one rate
+    assert profile.attention_rate("fp16", 16) == Rate(1e11)  # a dtype not measured: as before, the matmul rate

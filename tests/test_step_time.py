@@ -96,7 +96,7 @@ def test_time_extrapolated_from_two_and_three_blocks_equals_a_full_trace():
 
 def test_the_cpu_adds_host_time_and_cuda_hides_it_behind_the_gpu():
     """One forward of 100 ops: 1 ms of device work, 100 x 20 us = 2 ms of host dispatch."""
-    costs = OpCosts({("forward", 0, "elementwise", "fp32", False): [100, 0, 500_000, 500_000]})
+    costs = OpCosts({("forward", 0, "elementwise", "fp32", False, 0): [100, 0, 500_000, 500_000]})
     rates = dict(matmul={"fp32": Rate(1e12)}, attention={}, memory=Rate(1e9), host_s_per_op=20e-6)
     cpu = step_breakdown(costs, {0: 1, 1: 0}, _plan(), DeviceProfile("cpu", "cpu", "test", **rates))
     cuda = step_breakdown(costs, {0: 1, 1: 0}, _plan(), DeviceProfile("gpu", "cuda", "test", **rates))
@@ -181,9 +181,9 @@ def test_a_pipeline_layout_times_each_rank_from_its_own_trace():
 def test_the_step_compute_factor_slows_every_kernel_but_not_the_host():
     """A training step's kernels run `step_compute_factor` times slower than one kernel
     timed alone; the host's dispatch time is measured in a training step already."""
-    costs = OpCosts({("forward", 0, "matmul", "fp32", False): [10, 10**9, 0, 0],
-                     ("forward", 0, "elementwise", "fp32", False): [100, 0, 500_000, 500_000],
-                     ("optimizer", 0, "elementwise", "fp32", False): [4, 0, 1_000_000, 0]})
+    costs = OpCosts({("forward", 0, "matmul", "fp32", False, 0): [10, 10**9, 0, 0],
+                     ("forward", 0, "elementwise", "fp32", False, 0): [100, 0, 500_000, 500_000],
+                     ("optimizer", 0, "elementwise", "fp32", False, 0): [4, 0, 1_000_000, 0]})
     rates = dict(matmul={"fp32": Rate(1e10)}, attention={}, memory=Rate(1e9), host_s_per_op=10e-6)
     plain = step_breakdown(costs, {0: 1, 1: 0}, _plan(), DeviceProfile("cpu", "cpu", "test", **rates))
     slow = step_breakdown(costs, {0: 1, 1: 0}, _plan(),
@@ -193,10 +193,10 @@ def test_the_step_compute_factor_slows_every_kernel_but_not_the_host():
     assert slow["host_overhead"] == pytest.approx(plain["host_overhead"]) == pytest.approx(114 * 10e-6)
 
 
-STEP_COSTS = OpCosts({("forward", 0, "matmul", "fp32", False): [10, 10**9, 0, 0],
-                      ("forward", 0, "attention", "fp32", False): [2, 10**8, 0, 0],
-                      ("forward", 0, "elementwise", "fp32", False): [100, 0, 500_000, 500_000],
-                      ("optimizer", 0, "elementwise", "fp32", False): [4, 0, 1_000_000, 0]})
+STEP_COSTS = OpCosts({("forward", 0, "matmul", "fp32", False, 0): [10, 10**9, 0, 0],
+                      ("forward", 0, "attention", "fp32", False, 0): [2, 10**8, 0, 0],
+                      ("forward", 0, "elementwise", "fp32", False, 0): [100, 0, 500_000, 500_000],
+                      ("optimizer", 0, "elementwise", "fp32", False, 0): [4, 0, 1_000_000, 0]})
 
 
 def test_contractions_and_other_work_have_their_own_step_factors_and_the_host_neither():
@@ -221,9 +221,9 @@ def test_the_optimizer_phase_runs_at_the_measured_optimizer_rate_without_the_ste
 
 
 def test_an_op_recomputed_by_checkpointing_costs_the_host_its_own_measured_time():
-    costs = OpCosts({("forward", 0, "elementwise", "fp32", False): [10, 0, 0, 0],
-                     ("backward", 0, "elementwise", "fp32", True): [10, 0, 0, 0],
-                     ("backward", 0, "metadata", "fp32", True): [8, 0, 0, 0]})
+    costs = OpCosts({("forward", 0, "elementwise", "fp32", False, 0): [10, 0, 0, 0],
+                     ("backward", 0, "elementwise", "fp32", True, 0): [10, 0, 0, 0],
+                     ("backward", 0, "metadata", "fp32", True, 0): [8, 0, 0, 0]})
     same = step_breakdown(costs, {0: 1, 1: 0}, _plan(), PROFILE)
     own = step_breakdown(costs, {0: 1, 1: 0}, _plan(), dataclasses.replace(PROFILE, host_s_per_recomputed_op=4e-5))
     assert same["host_overhead"] == pytest.approx((10 + 10 + 8 / 4) * 1e-5)  # no own figure: a plain op's
@@ -231,7 +231,7 @@ def test_an_op_recomputed_by_checkpointing_costs_the_host_its_own_measured_time(
 
 
 def test_transcendental_ops_are_elementwise_work_at_the_profiles_own_rate_else_the_memory_rate():
-    costs = OpCosts({("forward", 0, "transcendental", "fp32", False): [2, 0, 600_000, 400_000]})
+    costs = OpCosts({("forward", 0, "transcendental", "fp32", False, 0): [2, 0, 600_000, 400_000]})
     at_memory = step_breakdown(costs, {0: 1, 1: 0}, _plan(), PROFILE)
     own = step_breakdown(costs, {0: 1, 1: 0}, _plan(), dataclasses.replace(PROFILE, transcendental=Rate(1e8, 0.0)))
     assert at_memory["elementwise"] == pytest.approx(2 * 1e-6 + 1e6 / 1e9)  # no own rate: memory's
@@ -279,7 +279,7 @@ def test_a_fake_tensors_device_answered_by_the_recorder_traces_the_step_the_fake
 def test_dropouts_random_numbers_are_priced_at_the_profiles_random_rate_without_the_element_wise_factor():
     """Drawing dropout's mask costs a CPU core ~40x an add per element: at the memory rate
     (the old pricing) a GPT-2 or BERT step with dropout was predicted far too short."""
-    costs = OpCosts({("forward", 0, "random", "fp32", False): [2, 0, 500_000, 500_000]})
+    costs = OpCosts({("forward", 0, "random", "fp32", False, 0): [2, 0, 500_000, 500_000]})
     slow = dataclasses.replace(PROFILE, step_non_matmul_factor=3.0)
     at_memory = step_breakdown(costs, {0: 1, 1: 0}, _plan(), slow)
     own = step_breakdown(costs, {0: 1, 1: 0}, _plan(), dataclasses.replace(slow, random=Rate(1e8, 0.0)))
@@ -301,3 +301,34 @@ def test_a_traced_gpt2_step_counts_one_random_mask_per_dropout_and_llama_none():
     assert gpt2.total(0, phase="forward", op_class="random") == 1 + 3 * layers
     assert gpt2.total(0, phase="backward", op_class="random") == 0
     assert llama.total(0, op_class="random", phase="forward") == 0
+
+
+@pytest.mark.parametrize("device", ["cpu", "H100"])
+def test_a_traced_llama_step_records_each_attention_kernels_head_dim_and_no_other_op_has_one(device):
+    """tiny-llama's heads are 64 / 4 = 16 wide: every attention row, forward and backward,
+    says 16 (the kernel's speed on a CPU depends on it), every other row 0."""
+    plan = _plan(device=device, **({"precision": "bf16"} if device != "cpu" else {}))
+    rows = _trace(resolve_model("tiny-llama"), plan, resolve_device(device))[0].op_costs.rows
+    attention = {key for key in rows if key[2] == "attention"}
+    assert {key[0] for key in attention} == {"forward", "backward"}
+    assert {key[5] for key in attention} == {16}
+    assert {key[5] for key in rows if key[2] != "attention"} == {0}
+
+
+def test_a_profile_with_head_dim_rates_prices_a_llama_steps_attention_at_its_head_dims_rate():
+    """A CPU runs bf16 attention at head dim 16 at about a third of its rate at 64: a
+    profile that measured both prices tiny-llama's (head dim 16) attention at the 16 rate,
+    as a profile whose one attention rate were the 16 rate would; an older profile, with
+    the 64 rate alone, as before."""
+    at_16, at_64 = Rate(1e9, 2e-5), Rate(3e9, 1e-5)
+    rates = dict(matmul={"fp32": Rate(1e10, 1e-6), "bf16": Rate(2e10, 1e-6)}, memory=Rate(1e9, 1e-6),
+                 host_s_per_op=1e-5)
+    plan = _plan(precision="bf16")
+
+    def attention_s(**profile):
+        return estimate(_spec(), plan, profile=DeviceProfile("cpu", "cpu", "test", **rates, **profile)).time.breakdown[
+            "attention"]
+
+    measured = attention_s(attention={"bf16": at_64}, attention_by_head_dim={"bf16": {16: at_16, 64: at_64}})
+    assert measured > 0 and measured == pytest.approx(attention_s(attention={"bf16": at_16}))
+    assert attention_s(attention={"bf16": at_64}) < measured / 2  # the old pricing: one rate, head dim 64's

@@ -1,9 +1,10 @@
 """The predicted time of one optimizer step, from the traced step's ops and a device profile.
 
 The memory trace also sums every op's work by kind (trainwise/trace/op_costs.py): ops,
-FLOPs and bytes per (phase, micro-step, op class, dtype, recomputed?). Each kind meets one
-rate of the device profile (trainwise/hardware/profile.py), an op of size x taking
-`fixed_s + x / per_s`: matmuls and attention on their FLOPs at the dtype's rate, every
+FLOPs and bytes per (phase, micro-step, op class, dtype, recomputed?, head dim). Each kind
+meets one rate of the device profile (trainwise/hardware/profile.py), an op of size x taking
+`fixed_s + x / per_s`: matmuls and attention on their FLOPs at the dtype's rate (attention
+at its head dim's where the profile measured head dims: hardware/profile.py), every
 other op on the bytes it reads and writes at the memory rate (element-wise transcendental
 functions at the profile's `transcendental` rate where it has one, the optimizer phase's
 ops at its `optimizer` rate: a real AdamW step timed on the device), times the profile's
@@ -144,7 +145,7 @@ def step_breakdown(costs: OpCosts, weights: dict[int, int], plan: Plan, profile:
     device_by_group: dict[tuple[str, int], float] = {}
     host_by_group: dict[tuple[str, int], float] = {}
     for key, values, compiled in _all_rows(costs):
-        phase, micro, op_class, dtype, recomputed = key
+        phase, micro, op_class, _dtype, recomputed, _head_dim = key
         times = weights[micro] if phase in ("data", "forward", "backward") else 1
         category, seconds = _device_seconds(key, values, plan, profile)
         if phase != "data":  # a training step's kernels vs one kernel timed alone
@@ -207,7 +208,7 @@ def _host_s_per_op(recomputed: bool, profile: DeviceProfile) -> float:
 
 def _device_seconds(key: tuple, values: list[int], plan: Plan, profile: DeviceProfile) -> tuple[str, float]:
     """(category, device seconds) of one row of the op table."""
-    phase, _micro, op_class, dtype, recomputed = key
+    phase, _micro, op_class, dtype, recomputed, head_dim = key
     ops, flops, read, written = values
     if phase == "data":
         # The synthetic batch is made on the host and copied over PCIe; on the CPU it is
@@ -218,7 +219,7 @@ def _device_seconds(key: tuple, values: list[int], plan: Plan, profile: DevicePr
         seconds = 0.0
     elif op_class in ("matmul", "attention") and flops > 0:
         compute = _compute_dtype(dtype, plan)
-        rate = profile.matmul_rate(compute) if op_class == "matmul" else profile.attention_rate(compute)
+        rate = profile.matmul_rate(compute) if op_class == "matmul" else profile.attention_rate(compute, head_dim)
         seconds = _seconds(rate, ops, flops)
     elif phase in OPTIMIZER_PHASES and profile.optimizer is not None:
         seconds = _seconds(profile.optimizer, ops, read + written)
@@ -253,7 +254,7 @@ def _model_flops(costs: OpCosts, weights: dict[int, int]) -> int:
     and backward (no recomputation) and attention as 3x its forward (backward is twice the
     forward; the kernels' own recomputation is not model work)."""
     total = 0
-    for (phase, micro, op_class, _dtype, recomputed), values, _compiled in _all_rows(costs):
+    for (phase, micro, op_class, _dtype, recomputed, _head_dim), values, _compiled in _all_rows(costs):
         if recomputed or phase not in ("forward", "backward"):
             continue
         if op_class == "matmul":

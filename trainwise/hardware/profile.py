@@ -19,6 +19,7 @@ multiplies its prediction by the matching one."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,6 +135,12 @@ class DeviceProfile:
     # COMPILED_*_HOST_S); None: the figures above for the device's kind.
     host_s_per_compiled_kernel: float | None = None
     host_s_per_compiled_region: float | None = None
+    # Attention rates by dtype, then by head dim, measured by calibrate: a CPU's attention
+    # kernel runs a head dim of 16 at about a third of its rate at 64 in bf16 (the softmax
+    # over the scores is the same work whatever the head dim; the FLOPs are not). Read
+    # between measured head dims by `rate_at_head_dim`. Empty (catalog, older files): the
+    # one `attention` rate of the dtype at every head dim.
+    attention_by_head_dim: dict[str, dict[int, Rate]] = field(default_factory=dict)
 
     @property
     def compiled_kernel_host_s(self) -> float:
@@ -148,7 +155,12 @@ class DeviceProfile:
     def matmul_rate(self, dtype: str) -> Rate | None:
         return self.matmul.get(dtype) or self.matmul.get("fp32")
 
-    def attention_rate(self, dtype: str) -> Rate | None:
+    def attention_rate(self, dtype: str, head_dim: int = 0) -> Rate | None:
+        """The attention rate of `dtype` at `head_dim` where calibrate measured head dims
+        (0: unknown, the one rate), else the dtype's one rate, else its matmul rate."""
+        by_head_dim = self.attention_by_head_dim.get(dtype)
+        if head_dim > 0 and by_head_dim:
+            return rate_at_head_dim(by_head_dim, head_dim)
         return self.attention.get(dtype) or self.matmul_rate(dtype)
 
     def to_json(self) -> dict:
@@ -167,7 +179,9 @@ class DeviceProfile:
                 "optimizer": self.optimizer.to_json() if self.optimizer else None,
                 "host_s_per_recomputed_op": self.host_s_per_recomputed_op,
                 "host_s_per_compiled_kernel": self.host_s_per_compiled_kernel,
-                "host_s_per_compiled_region": self.host_s_per_compiled_region}
+                "host_s_per_compiled_region": self.host_s_per_compiled_region,
+                "attention_by_head_dim": {dtype: {str(dim): rate.to_json() for dim, rate in rates.items()}
+                                          for dtype, rates in self.attention_by_head_dim.items()}}
 
     @classmethod
     def from_json(cls, data: dict, source: str) -> "DeviceProfile":
@@ -190,7 +204,28 @@ class DeviceProfile:
                    optimizer=Rate.from_json(optimizer) if optimizer else None,
                    host_s_per_recomputed_op=float(recomputed) if recomputed is not None else None,
                    host_s_per_compiled_kernel=float(kernel) if kernel is not None else None,
-                   host_s_per_compiled_region=float(region) if region is not None else None)
+                   host_s_per_compiled_region=float(region) if region is not None else None,
+                   attention_by_head_dim={dtype: {int(dim): Rate.from_json(rate) for dim, rate in rates.items()}
+                                          for dtype, rates in data.get("attention_by_head_dim", {}).items()})
+
+
+def rate_at_head_dim(rates: dict[int, Rate], head_dim: int) -> Rate:
+    """The Rate at `head_dim` from rates measured at some head dims: each term read on the
+    line between the two measured head dims around it, in log head dim (the dims measured
+    double from one to the next); outside them, the nearest one's (a kernel's rate beyond
+    the dims it was timed at is not known to keep changing)."""
+    dims = sorted(rates)
+    if head_dim <= dims[0]:
+        return rates[dims[0]]
+    if head_dim >= dims[-1]:
+        return rates[dims[-1]]
+    upper = next(dim for dim in dims if dim >= head_dim)
+    lower = dims[dims.index(upper) - 1]
+    if upper == head_dim:
+        return rates[upper]
+    share = math.log(head_dim / lower) / math.log(upper / lower)
+    low, high = rates[lower], rates[upper]
+    return Rate(low.per_s + share * (high.per_s - low.per_s), low.fixed_s + share * (high.fixed_s - low.fixed_s))
 
 
 def catalog_profile(device: Device) -> DeviceProfile | None:

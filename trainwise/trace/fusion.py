@@ -76,7 +76,7 @@ class FusionGrouper:
         if region != self._region:
             self._close()
             if region is not None:
-                self._add((region[0], row_key[1], "region", "none", False), [1, 0, 0, 0])
+                self._add((region[0], row_key[1], "region", "none", False, 0), [1, 0, 0, 0])
             self._region = region
         if op_class == "metadata":  # a view reads nothing; in a region it is strides only
             return region is not None

@@ -1,17 +1,20 @@
 """The work of every op of a traced step, added up by kind: what the step-time model reads.
 
 While the memory trace runs (trainwise/trace/recorder.py), every aten op it sees is added
-to one row keyed by (phase, micro-step, op class, dtype name, recomputed?) holding
-(ops, FLOPs, bytes read, bytes written). Rows, not a list of ops, keep the memory of a
-trace of a deep model small; the time of an op depends only on its class, dtype and size,
-and the model (trainwise/estimator/step_time.py) is linear in those sums.
+to one row keyed by (phase, micro-step, op class, dtype name, recomputed?, head dim)
+holding (ops, FLOPs, bytes read, bytes written). Rows, not a list of ops, keep the memory
+of a trace of a deep model small; the time of an op depends only on its class, dtype and
+size (and an attention kernel's on its head dim: the last dimension of its query, 0 for
+every other op), and the model (trainwise/estimator/step_time.py) is linear in those sums.
 
 Op classes (decided here, documented in docs/plan.md):
 * "matmul": matrix products and convolutions (mm, bmm, addmm, baddbmm, convolution and its
   backward, fp8 scaled mm, grouped mm), FLOPs from PyTorch's formulas;
 * "attention": the fused scaled-dot-product kernels and their backward (flash, efficient,
   cuDNN, the CPU's flash kernel). FLOPs are kernel work: backward counts the score matrix
-  the kernels recompute (2.5x the forward), unlike the model FLOPs of MFU (flops.py);
+  the kernels recompute (2.5x the forward), unlike the model FLOPs of MFU (flops.py). Their
+  rows keep the head dim: a kernel's FLOPs grow with it and its softmax over the scores
+  does not, so a CPU runs small heads at a fraction of the rate of large ones;
 * "normalization": layer-norm, RMS-norm, group- and batch-norm kernels and their backward,
   and element-wise ops run inside a module whose class is a norm (Llama's RMSNorm is
   written as element-wise ops). Autograd gives no module in backward, so the backward of
@@ -91,20 +94,21 @@ NO_KERNEL_OPS = ("_unsafe_view", "empty", "empty_strided", "empty_like", "new_em
 
 @dataclass
 class OpCosts:
-    """Totals of a traced step's ops: `rows[(phase, micro_step, op class, dtype, recomputed)]`
-    = [ops, FLOPs, bytes read, bytes written]. `micro_step` is 0 for the first micro-step
-    and 1 for the second (the trace runs at most two; later ones repeat the second), 0
-    outside forward/backward/data."""
+    """Totals of a traced step's ops: `rows[(phase, micro_step, op class, dtype, recomputed,
+    head dim)]` = [ops, FLOPs, bytes read, bytes written]. `micro_step` is 0 for the first
+    micro-step and 1 for the second (the trace runs at most two; later ones repeat the
+    second), 0 outside forward/backward/data. `head dim` is an attention kernel's (the last
+    dimension of its query), 0 for every other op."""
 
-    rows: dict[tuple[str, int, str, str, bool], list[int]] = field(default_factory=dict)
+    rows: dict[tuple[str, int, str, str, bool, int], list[int]] = field(default_factory=dict)
     # Under --compile, the work of the compiled regions as inductor launches it, same keys
     # and columns with ops counting launched kernels (trainwise/trace/fusion.py); the ops
     # run eager stay in `rows`. Empty for an eager step.
-    compiled: dict[tuple[str, int, str, str, bool], list[int]] = field(default_factory=dict)
+    compiled: dict[tuple[str, int, str, str, bool, int], list[int]] = field(default_factory=dict)
 
     def total(self, index: int, **match) -> int:
         """Sum of column `index` (0 ops, 1 FLOPs, 2 read, 3 written) over rows whose key
-        fields equal `match` (phase=, micro_step=, op_class=, dtype=, recomputed=)."""
+        fields equal `match` (phase=, micro_step=, op_class=, dtype=, recomputed=, head_dim=)."""
         return sum(values[index] for key, values in self.rows.items() if _matches(key, match))
 
     def compiled_total(self, index: int, **match) -> int:
@@ -112,7 +116,7 @@ class OpCosts:
         return sum(values[index] for key, values in self.compiled.items() if _matches(key, match))
 
 
-_FIELDS = ("phase", "micro_step", "op_class", "dtype", "recomputed")
+_FIELDS = ("phase", "micro_step", "op_class", "dtype", "recomputed", "head_dim")
 
 
 def _matches(key: tuple, match: dict) -> bool:
@@ -143,7 +147,9 @@ class OpCostRecorder:
         inputs = [_payload(t) for t in _tensors(args, kwargs)]
         if op_class == "elementwise" and module in self.norm_modules:
             op_class = "normalization"
-        flops = read = written = 0
+        flops = read = written = head_dim = 0
+        if op_class == "attention":
+            head_dim = attention_head_dim(func, args, kwargs)
         if op_class != "metadata":
             read = sum(_nbytes(t) for t in inputs)
             written = sum(_nbytes(t) for t in outputs) + _written_in_place(func, args)
@@ -152,7 +158,7 @@ class OpCostRecorder:
         # In a module's forward: backward() makes its first gradient with grad mode on too.
         recomputed = phase == "backward" and module != "" and torch.is_grad_enabled()
         micro = self.micro_step if phase in ("data", "forward", "backward") else 0
-        key = (phase, micro, op_class, _dtype_name(inputs or outputs), recomputed)
+        key = (phase, micro, op_class, _dtype_name(inputs or outputs), recomputed, head_dim)
         _add_op(self.costs.rows, key, flops, read, written)
         if self.fusion is not None and not self.fusion.op(self.regions.region(phase, module), key, op_class, inputs,
                                                           [_payload(t) for t in outputs], [1, flops, read, written]):
@@ -241,6 +247,21 @@ def classify(func) -> str:
     if name in NO_KERNEL_OPS or func.namespace == "prim" or _is_view(func):
         return "metadata"
     return "elementwise"
+
+
+def attention_head_dim(func, args: tuple, kwargs: dict | None) -> int:
+    """The head dim of an attention kernel: the last dimension of its `query` argument
+    (every fused attention op, forward and backward, names it so; batch-first or
+    heads-first, the head dim is last); 0 when it has none."""
+    index = _query_index(func)
+    query = args[index] if index is not None and index < len(args) else (kwargs or {}).get("query")
+    return int(query.shape[-1]) if isinstance(query, torch.Tensor) and query.dim() else 0
+
+
+@functools.cache
+def _query_index(func) -> int | None:
+    names = [argument.name for argument in func._schema.arguments]
+    return names.index("query") if "query" in names else None
 
 
 def _is_view(func) -> bool:
