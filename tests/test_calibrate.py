@@ -73,6 +73,24 @@ def test_a_cpu_profiles_step_factors_are_the_measured_ratios_held_at_one(cached_
     assert step["contraction"]["ops"] > 0
 
 
+def test_attention_is_measured_at_each_head_dim_and_the_reference_ones_fit_is_the_profiles_one_rate(cached_profile):
+    """The attention kernel's rate by head dim, per dtype; the reference head dim (quick:
+    32) measured over every sequence length as before, the others over fewer (keeps
+    calibrate short), each fitted from its own points."""
+    from trainwise.calibration.compute import HEAD_DIMS
+
+    profile = read_profile(cached_profile)
+    points = profile.measured["points"]
+    assert set(profile.attention_by_head_dim) == set(profile.attention) >= {"fp32"}
+    for dtype, single in profile.attention.items():
+        by_head_dim = profile.attention_by_head_dim[dtype]
+        assert sorted(by_head_dim) == list(HEAD_DIMS) and by_head_dim[32] == single
+        for head_dim, rate in by_head_dim.items():
+            assert _finite_positive(rate.per_s) and math.isfinite(rate.fixed_s) and rate.fixed_s >= 0
+            assert len(points[f"attention {dtype}" + ("" if head_dim == 32 else f" head dim {head_dim}")]) == (
+                3 if head_dim == 32 else 2)
+
+
 def test_dropouts_random_numbers_are_measured_and_cost_a_cpu_more_per_byte_than_an_add(cached_profile):
     """A generator's arithmetic per element (~40x an add's on one thread of the project's
     CPU): priced at the memory rate, dropout was all but free."""

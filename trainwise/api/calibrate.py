@@ -2,11 +2,11 @@
 
 What is measured (trainwise/calibration/), each fitted to a Rate
 (`fixed_s + size / per_s`): matmul throughput per dtype the device runs, attention
-(SDPA forward and backward), element-wise memory bandwidth, transcendental element-wise
-ops, drawing random numbers (dropout's mask), the eager per-op host cost,
-the AdamW step (kept in `measured`: the time model prices it with the memory rate), on a
-GPU pinned host-to-device copies, and under `nproc` > 1 the four collectives between
-local processes. About 30-60 s on a small CPU (`quick`: a few seconds, coarse).
+(SDPA forward and backward, at head dims 16 to 128), element-wise memory bandwidth,
+transcendental element-wise ops, drawing random numbers (dropout's mask), the eager
+per-op host cost, the AdamW step (kept in `measured`: the time model prices it with the
+memory rate), on a GPU pinned host-to-device copies, and under `nproc` > 1 the four
+collectives between local processes. About 30-60 s on a small CPU (`quick`: a few seconds, coarse).
 
 The profile goes to `out`, else to the per-user cache (`default_profile_path`), where
 `trainwise estimate` and `plan` find it for this device."""
@@ -100,7 +100,7 @@ def calibrate(device: str = "cpu", out: str | Path | None = None, nproc: int = 1
                             host_s_per_op=rates["host_s_per_op"], collectives=rates.get("collectives", {}),
                             host_to_device=rates.get("host_to_device"), measured=measured,
                             transcendental=rates["transcendental"], random=rates["random"],
-                            optimizer=rates["optimizer"])
+                            optimizer=rates["optimizer"], attention_by_head_dim=rates["attention_by_head_dim"])
     if target.kind == "cpu":
         profile = _with_training_host(profile, torch_device, settings, spreads)
     seconds = round(time.perf_counter() - started, 1)
@@ -115,7 +115,7 @@ def _measure_one_device(device, settings) -> tuple[dict, dict, dict]:
     from trainwise.calibration import compute
     from trainwise.calibration import memory
 
-    rates: dict = {"matmul": {}, "attention": {}}
+    rates: dict = {"matmul": {}, "attention": {}, "attention_by_head_dim": {}}
     spreads: dict[str, float] = {}
     points: dict[str, list] = {}
 
@@ -126,7 +126,12 @@ def _measure_one_device(device, settings) -> tuple[dict, dict, dict]:
     for dtype in compute.dtypes_to_measure(device):
         rates["matmul"][dtype] = keep(f"matmul {dtype}", compute.measure_matmul(device, dtype, settings))
         if dtype != "tf32":  # attention in fp32 with TF32 allowed: the tf32 matmul rate stands in
-            rates["attention"][dtype] = keep(f"attention {dtype}", compute.measure_attention(device, dtype, settings))
+            fits = compute.measure_attention(device, dtype, settings)
+            reference = compute.reference_head_dim(device, settings)
+            rates["attention"][dtype] = keep(f"attention {dtype}", fits[reference])
+            rates["attention_by_head_dim"][dtype] = {
+                head_dim: rates["attention"][dtype] if head_dim == reference
+                else keep(f"attention {dtype} head dim {head_dim}", found) for head_dim, found in fits.items()}
     rates["memory"] = keep("memory", memory.measure_memory(device, settings))
     rates["transcendental"] = keep("transcendental", memory.measure_transcendental(device, settings))
     rates["random"] = keep("random", memory.measure_random(device, settings))

@@ -4,7 +4,8 @@ Matmuls are timed over square shapes and the skinny shapes of a transformer laye
 (tokens x hidden times hidden x 3/4 hidden and back), each 2*m*k*n FLOPs, so the fitted
 Rate covers the shapes a trace holds. Attention is torch's scaled_dot_product_attention,
 causal, forward and backward together, its FLOPs counted as torch.utils.flop_counter
-counts them (the same counter the trace uses, which does not halve causal attention)."""
+counts them (the same counter the trace uses, which does not halve causal attention), one
+Rate per head dim of HEAD_DIMS."""
 
 from __future__ import annotations
 
@@ -78,13 +79,33 @@ def measure_matmul(device: torch.device, dtype_name: str, settings: Settings) ->
         return fit(measure_sizes(cases, sync, settings))
 
 
-def attention_shapes(device: torch.device, settings: Settings) -> list[tuple[int, int, int, int]]:
-    """(batch, heads, sequence, head dim) shapes over a range of sequence lengths."""
+# Head dims whose attention rate calibrate measures. A CPU's attention kernel runs a head
+# dim of 16 at about a third of its rate at 64 in bf16 (its softmax over the scores is the
+# same work whatever the head dim, its FLOPs are not), so one rate misprices small heads.
+HEAD_DIMS = (16, 32, 64, 128)
+
+
+def attention_shapes(device: torch.device, settings: Settings, head_dim: int) -> list[tuple[int, int, int, int]]:
+    """(batch, heads, sequence, head dim) shapes at `head_dim` over a range of sequence
+    lengths: all of them at the device's reference head dim (whose fit is the profile's one
+    attention rate, as before head dims were measured), the three middle ones at the others
+    (enough for a rate, and what keeps calibrate short)."""
+    batch, heads, lengths, reference = _attention_setup(device, settings)
+    return [(batch, heads, s, head_dim) for s in (lengths if head_dim == reference else lengths[1:4])]
+
+
+def reference_head_dim(device: torch.device, settings: Settings) -> int:
+    """The head dim of the profile's one attention rate (the one older profiles hold)."""
+    return _attention_setup(device, settings)[3]
+
+
+def _attention_setup(device: torch.device, settings: Settings) -> tuple[int, int, tuple[int, ...], int]:
+    """(batch, heads, sequence lengths, reference head dim) of the attention timed."""
     if device.type == "cuda":
-        return [(4, 16, s, 128) for s in (256, 512, 1024, 2048, 4096)]
+        return 4, 16, (256, 512, 1024, 2048, 4096), 128
     if settings.quick:
-        return [(1, 2, s, 32) for s in (32, 64, 128)]
-    return [(1, 4, s, 64) for s in (64, 128, 256, 512, 1024)]
+        return 1, 2, (32, 64, 128), 32
+    return 1, 4, (64, 128, 256, 512, 1024), 64
 
 
 def attention_flops(shape: tuple[int, int, int, int]) -> int:
@@ -92,8 +113,8 @@ def attention_flops(shape: tuple[int, int, int, int]) -> int:
     return sdpa_flop_count(shape, shape, shape) + sdpa_backward_flop_count(shape, shape, shape, shape)
 
 
-def measure_attention(device: torch.device, dtype_name: str, settings: Settings) -> Fit:
-    """The attention Rate (FLOPs, forward and backward) of `dtype_name` on `device`."""
+def measure_attention(device: torch.device, dtype_name: str, settings: Settings) -> dict[int, Fit]:
+    """The attention Rate (FLOPs, forward and backward) of `dtype_name` on `device`, by head dim."""
     dtype, sync = TORCH_DTYPES[dtype_name], synchronizer(device)
 
     def case(shape):
@@ -107,6 +128,9 @@ def measure_attention(device: torch.device, dtype_name: str, settings: Settings)
             return step
         return attention_flops(shape), make
 
-    cases = [case(shape) for shape in attention_shapes(device, settings)]
+    fits = {}
     with tf32_allowed(dtype_name == "tf32") if device.type == "cuda" else contextlib.nullcontext():
-        return fit(measure_sizes(cases, sync, settings))
+        for head_dim in HEAD_DIMS:
+            cases = [case(shape) for shape in attention_shapes(device, settings, head_dim)]
+            fits[head_dim] = fit(measure_sizes(cases, sync, settings))
+    return fits

@@ -145,7 +145,7 @@ def predicted_compute_and_ops(plan, device, measured: DeviceProfile) -> tuple[fl
     fixed_only = dataclasses.replace(arithmetic, step_non_matmul_factor=0.0)
     fixed = one_device_estimate(spec, plan, device, profile=fixed_only).time.step_s
     counting = dataclasses.replace(measured, host_s_per_op=1.0, host_s_per_recomputed_op=None, memory=free,
-                                   attention={}, transcendental=None, optimizer=None,
+                                   attention={}, attention_by_head_dim={}, transcendental=None, optimizer=None,
                                    matmul={name: free for name in measured.matmul}, corrections={})
     ops = one_device_estimate(spec, plan, device, profile=counting).time.breakdown["host_overhead"]
     return without_host, fixed, ops
