@@ -91,6 +91,18 @@ def test_attention_is_measured_at_each_head_dim_and_the_reference_ones_fit_is_th
                 3 if head_dim == 32 else 2)
 
 
+def test_the_calibrate_table_shows_attention_by_head_dim_where_measured_else_the_one_rate():
+    from trainwise.cli.render_calibrate import rate_rows
+    from trainwise.hardware.profile import DeviceProfile, Rate
+
+    profile = DeviceProfile("cpu", "cpu", "test", {"fp32": Rate(1e11)}, {"fp32": Rate(4e10), "bf16": Rate(5e10)},
+                            Rate(1e9), 1e-5, attention_by_head_dim={"bf16": {64: Rate(5e10), 16: Rate(2e10, 3e-5)}})
+    shown = {what: (throughput, fixed) for what, throughput, fixed in rate_rows(profile) if what.startswith("attention")}
+    assert shown == {"attention fp32 (fwd+bwd)": ("0.04 TFLOP/s", "0 µs"),
+                     "attention bf16, head dim 16 (fwd+bwd)": ("0.02 TFLOP/s", "30 µs"),
+                     "attention bf16, head dim 64 (fwd+bwd)": ("0.05 TFLOP/s", "0 µs")}
+
+
 def test_dropouts_random_numbers_are_measured_and_cost_a_cpu_more_per_byte_than_an_add(cached_profile):
     """A generator's arithmetic per element (~40x an add's on one thread of the project's
     CPU): priced at the memory rate, dropout was all but free."""

@@ -11,8 +11,8 @@ from trainwise.hardware.profile import Rate
 def rate_rows(profile) -> list[tuple[str, str, str]]:
     """(what, throughput with unit, fixed cost per op in µs) for every rate of `profile`."""
     rows = [(f"matmul {dtype}", _tflops(rate), _micro(rate.fixed_s)) for dtype, rate in profile.matmul.items()]
-    rows += [(f"attention {dtype} (fwd+bwd)", _tflops(rate), _micro(rate.fixed_s))
-             for dtype, rate in profile.attention.items()]
+    rows += [(f"attention {dtype}{head_dim} (fwd+bwd)", _tflops(rate), _micro(rate.fixed_s))
+             for dtype, head_dim, rate in _attention_rates(profile)]
     rows.append(("memory (bytes read + written)", _gbs(profile.memory.per_s), _micro(profile.memory.fixed_s)))
     if profile.transcendental:
         rows.append(("exp, tanh, softmax... (bytes read + written)", _gbs(profile.transcendental.per_s),
@@ -40,6 +40,15 @@ def rate_rows(profile) -> list[tuple[str, str, str]]:
         rows.append(("host to device (pinned)", _gbs(profile.host_to_device.per_s),
                      _micro(profile.host_to_device.fixed_s)))
     return rows
+
+
+def _attention_rates(profile) -> list[tuple[str, str, Rate]]:
+    """(dtype, ", head dim D" or "", rate): by head dim where the profile measured head dims."""
+    rates = []
+    for dtype, rate in profile.attention.items():
+        by_head_dim = profile.attention_by_head_dim.get(dtype, {})
+        rates += [(dtype, f", head dim {dim}", by_head_dim[dim]) for dim in sorted(by_head_dim)] or [(dtype, "", rate)]
+    return rates
 
 
 def _tflops(rate: Rate) -> str:
