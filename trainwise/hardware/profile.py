@@ -215,14 +215,14 @@ def rate_at_head_dim(rates: dict[int, Rate], head_dim: int) -> Rate:
     double from one to the next); outside them, the nearest one's (a kernel's rate beyond
     the dims it was timed at is not known to keep changing)."""
     dims = sorted(rates)
-    if head_dim <= dims[0]:
+    if head_dim in rates:
+        return rates[head_dim]
+    if head_dim < dims[0]:
         return rates[dims[0]]
-    if head_dim >= dims[-1]:
+    if head_dim > dims[-1]:
         return rates[dims[-1]]
-    upper = next(dim for dim in dims if dim >= head_dim)
+    upper = next(dim for dim in dims if dim > head_dim)
     lower = dims[dims.index(upper) - 1]
-    if upper == head_dim:
-        return rates[upper]
     share = math.log(head_dim / lower) / math.log(upper / lower)
     low, high = rates[lower], rates[upper]
     return Rate(low.per_s + share * (high.per_s - low.per_s), low.fixed_s + share * (high.fixed_s - low.fixed_s))
