@@ -303,11 +303,12 @@ def test_a_traced_gpt2_step_counts_one_random_mask_per_dropout_and_llama_none():
     assert llama.total(0, op_class="random", phase="forward") == 0
 
 
-@pytest.mark.parametrize("device", ["cpu", "H100"])
-def test_a_traced_llama_step_records_each_attention_kernels_head_dim_and_no_other_op_has_one(device):
+@pytest.mark.parametrize("device,attention", [("cpu", "sdpa"), ("H100", "sdpa"), ("H100", "flash")])
+def test_a_traced_llama_step_records_each_attention_kernels_head_dim_and_no_other_op_has_one(device, attention):
     """tiny-llama's heads are 64 / 4 = 16 wide: every attention row, forward and backward,
-    says 16 (the kernel's speed on a CPU depends on it), every other row 0."""
-    plan = _plan(device=device, **({"precision": "bf16"} if device != "cpu" else {}))
+    says 16 (the kernel's speed on a CPU depends on it), every other row 0; FlashAttention-2's
+    (batch, seq, heads, head dim) layout too."""
+    plan = _plan(device=device, attention=attention, **({"precision": "bf16"} if device != "cpu" else {}))
     rows = _trace(resolve_model("tiny-llama"), plan, resolve_device(device))[0].op_costs.rows
     attention = {key for key in rows if key[2] == "attention"}
     assert {key[0] for key in attention} == {"forward", "backward"}
