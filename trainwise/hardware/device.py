@@ -31,6 +31,8 @@ class Device:
         "generic" (CUDA without a known GPU); for the CPU, "generic".
     name: for display.
     index: the CUDA ordinal of a detected GPU, else None.
+    measured_context_bytes: the device memory outside the caching allocator as a profile
+        of this GPU measured it (trainwise calibrate); None: estimated (cuda_overheads.py).
     """
 
     kind: str
@@ -38,6 +40,7 @@ class Device:
     source: str
     gpu: GPU | None = None
     index: int | None = None
+    measured_context_bytes: int | None = None
 
     def __post_init__(self):
         if self.kind not in ("cpu", "cuda"):
@@ -57,9 +60,18 @@ class Device:
     @property
     def context_bytes(self) -> int:
         """Bytes outside the caching allocator (CUDA context, kernels); 0 on the CPU."""
+        if self.measured_context_bytes is not None and self.is_cuda:
+            return self.measured_context_bytes
         if self.gpu:
             return self.gpu.context_bytes
         return GENERIC_CUDA_CONTEXT_BYTES if self.is_cuda else 0
+
+    @property
+    def context_source(self) -> str:
+        """How context_bytes is known, for every place it is shown."""
+        if self.measured_context_bytes is not None and self.is_cuda:
+            return "measured by trainwise calibrate"
+        return "estimated (SMs x threads + base: not measured)" if self.is_cuda else "none on the CPU"
 
     @property
     def cublas_workspace_bytes(self) -> int:

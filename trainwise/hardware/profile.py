@@ -18,6 +18,7 @@ multiplies its prediction by the matching one."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -98,7 +99,7 @@ class DeviceProfile:
     memory: Rate  # bytes read + written by element-wise, normalisation and optimizer ops
     host_s_per_op: float  # host time to dispatch one eager op
     collectives: dict[str, Rate] = field(default_factory=dict)  # bytes per rank, inside a node
-    host_to_device: Rate | None = None  # bytes, one direction (offload); None on the CPU
+    host_to_device: Rate | None = None  # bytes, pinned host to device (offload); None on the CPU
     corrections: dict[str, float] = field(default_factory=dict)
     measured: dict = field(default_factory=dict)  # when, versions, ranks: provenance of a calibration
     # How much slower a training step's arithmetic runs than the rates above measured one
@@ -141,6 +142,14 @@ class DeviceProfile:
     # between measured head dims by `rate_at_head_dim`. Empty (catalog, older files): the
     # one `attention` rate of the dtype at every head dim.
     attention_by_head_dim: dict[str, dict[int, Rate]] = field(default_factory=dict)
+    # Bytes from the device to pinned host memory (activation offload's forward copies,
+    # CPU offload's gradients), measured by calibrate on a GPU. None (catalog, older
+    # files, the CPU): host_to_device stands in for both directions.
+    device_to_host: Rate | None = None
+    # Device memory the process holds outside PyTorch's caching allocator (the CUDA
+    # context and the kernel images a step loads), measured by calibrate on a GPU after its
+    # matmuls, attention and optimizer ran. None: the estimate of hardware/cuda_overheads.py.
+    context_bytes: int | None = None
 
     @property
     def compiled_kernel_host_s(self) -> float:
@@ -151,6 +160,21 @@ class DeviceProfile:
     def compiled_region_host_s(self) -> float:
         return self.host_s_per_compiled_region if self.host_s_per_compiled_region is not None \
             else COMPILED_REGION_HOST_S.get(self.kind, COMPILED_REGION_HOST_S["cuda"])
+
+    @property
+    def device_to_host_rate(self) -> Rate | None:
+        """Device to host: the measured rate, else the host-to-device one."""
+        return self.device_to_host or self.host_to_device
+
+    def copy_rates_text(self) -> str:
+        """The host-device copy rates and where each came from, for every note that uses them."""
+        if self.host_to_device is None:
+            return "no host-device copies on this device"
+        origin = "catalog PCIe figure x assumed efficiency" if self.source == "catalog" else "measured"
+        there = f"host to device {self.host_to_device.per_s / GB_S:.3g} GB/s ({origin})"
+        if self.device_to_host is not None:
+            return f"{there}, device to host {self.device_to_host.per_s / GB_S:.3g} GB/s ({origin})"
+        return f"{there}, device to host assumed the same (not measured)"
 
     def matmul_rate(self, dtype: str) -> Rate | None:
         return self.matmul.get(dtype) or self.matmul.get("fp32")
@@ -181,13 +205,16 @@ class DeviceProfile:
                 "host_s_per_compiled_kernel": self.host_s_per_compiled_kernel,
                 "host_s_per_compiled_region": self.host_s_per_compiled_region,
                 "attention_by_head_dim": {dtype: {str(dim): rate.to_json() for dim, rate in rates.items()}
-                                          for dtype, rates in self.attention_by_head_dim.items()}}
+                                          for dtype, rates in self.attention_by_head_dim.items()},
+                "device_to_host": self.device_to_host.to_json() if self.device_to_host else None,
+                "context_bytes": self.context_bytes}
 
     @classmethod
     def from_json(cls, data: dict, source: str) -> "DeviceProfile":
         host, transcendental, optimizer = data.get("host_to_device"), data.get("transcendental"), data.get("optimizer")
         recomputed, random = data.get("host_s_per_recomputed_op"), data.get("random")
         kernel, region = data.get("host_s_per_compiled_kernel"), data.get("host_s_per_compiled_region")
+        back, context = data.get("device_to_host"), data.get("context_bytes")
         return cls(device_name=str(data["device_name"]), kind=str(data["kind"]), source=source,
                    matmul={k: Rate.from_json(v) for k, v in data["matmul"].items()},
                    attention={k: Rate.from_json(v) for k, v in data.get("attention", {}).items()},
@@ -206,7 +233,9 @@ class DeviceProfile:
                    host_s_per_compiled_kernel=float(kernel) if kernel is not None else None,
                    host_s_per_compiled_region=float(region) if region is not None else None,
                    attention_by_head_dim={dtype: {int(dim): Rate.from_json(rate) for dim, rate in rates.items()}
-                                          for dtype, rates in data.get("attention_by_head_dim", {}).items()})
+                                          for dtype, rates in data.get("attention_by_head_dim", {}).items()},
+                   device_to_host=Rate.from_json(back) if back else None,
+                   context_bytes=int(context) if context is not None else None)
 
 
 def rate_at_head_dim(rates: dict[int, Rate], head_dim: int) -> Rate:
@@ -226,6 +255,14 @@ def rate_at_head_dim(rates: dict[int, Rate], head_dim: int) -> Rate:
     share = math.log(head_dim / lower) / math.log(upper / lower)
     low, high = rates[lower], rates[upper]
     return Rate(low.per_s + share * (high.per_s - low.per_s), low.fixed_s + share * (high.fixed_s - low.fixed_s))
+
+
+def with_measured_context(device: Device, profile: DeviceProfile | None) -> Device:
+    """`device` with the CUDA context `profile` measured on this same GPU model, for the
+    memory estimate; unchanged where the profile has none or is another device's."""
+    if profile is None or profile.context_bytes is None or not device.is_cuda or profile.device_name != device.name:
+        return device
+    return dataclasses.replace(device, measured_context_bytes=profile.context_bytes)
 
 
 def catalog_profile(device: Device) -> DeviceProfile | None:
