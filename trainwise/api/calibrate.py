@@ -4,15 +4,19 @@ What is measured (trainwise/calibration/), each fitted to a Rate
 (`fixed_s + size / per_s`): matmul throughput per dtype the device runs, attention
 (SDPA forward and backward, at head dims 16 to 128), element-wise memory bandwidth,
 transcendental element-wise ops, drawing random numbers (dropout's mask), the eager
-per-op host cost, the AdamW step (kept in `measured`: the time model prices it with the
-memory rate), on a GPU pinned host-to-device copies, and under `nproc` > 1 the four
-collectives between local processes. About 30-60 s on a small CPU (`quick`: a few seconds, coarse).
+per-op host cost, the AdamW step, the host time per kernel and per region call under
+torch.compile (not under `quick`: it compiles), on a GPU the fp8 matmul (compute
+capability 8.9+), copies between pinned host memory and the device both ways, and the
+device memory held outside the caching allocator (the CUDA context), and under `nproc` > 1
+the four collectives between local processes. About 30-60 s on a small CPU (`quick`: a few
+seconds, coarse).
 
 The profile goes to `out`, else to the per-user cache (`default_profile_path`), where
 `trainwise estimate` and `plan` find it for this device."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import time
@@ -100,9 +104,12 @@ def calibrate(device: str = "cpu", out: str | Path | None = None, nproc: int = 1
                             host_s_per_op=rates["host_s_per_op"], collectives=rates.get("collectives", {}),
                             host_to_device=rates.get("host_to_device"), measured=measured,
                             transcendental=rates["transcendental"], random=rates["random"],
-                            optimizer=rates["optimizer"], attention_by_head_dim=rates["attention_by_head_dim"])
+                            optimizer=rates["optimizer"], attention_by_head_dim=rates["attention_by_head_dim"],
+                            device_to_host=rates.get("device_to_host"))
     if target.kind == "cpu":
         profile = _with_training_host(profile, torch_device, settings, spreads)
+    profile = _with_compiled_host(profile, torch_device, settings)
+    profile = _with_context(profile, torch_device)
     seconds = round(time.perf_counter() - started, 1)
     measured.update(_provenance(target, nproc, quick, settings, seconds, load_start, spreads))
     write_profile(profile, path)
@@ -125,7 +132,9 @@ def _measure_one_device(device, settings) -> tuple[dict, dict, dict]:
 
     for dtype in compute.dtypes_to_measure(device):
         rates["matmul"][dtype] = keep(f"matmul {dtype}", compute.measure_matmul(device, dtype, settings))
-        if dtype != "tf32":  # attention in fp32 with TF32 allowed: the tf32 matmul rate stands in
+        # Attention in fp32 with TF32 allowed: the tf32 matmul rate stands in; --float8
+        # leaves attention in bf16.
+        if dtype not in ("tf32", "fp8"):
             fits = compute.measure_attention(device, dtype, settings)
             reference = compute.reference_head_dim(device, settings)
             rates["attention"][dtype] = keep(f"attention {dtype}", fits[reference])
@@ -139,7 +148,8 @@ def _measure_one_device(device, settings) -> tuple[dict, dict, dict]:
     optimizer = memory.measure_optimizer(device, settings)
     rates["optimizer"] = keep("optimizer step", optimizer)
     if device.type == "cuda":
-        rates["host_to_device"] = keep("host to device", memory.measure_host_to_device(device, settings))
+        for direction in memory.COPY_DIRECTIONS:
+            rates[direction] = keep(direction.replace("_", " "), memory.measure_copy(device, direction, settings))
     measured = {"points": points, "optimizer_step": {
         "what": "torch.optim.AdamW(foreach=True) on fp32 parameters; per_s in bytes/s read + written by its ops as "
                 "the trace counts them (the profile's optimizer rate)",
@@ -159,6 +169,33 @@ def _with_training_host(profile: DeviceProfile, device, settings, spreads: dict)
     profile.measured["host_dispatch_s_per_op"] = profile.host_s_per_op
     profile.measured["training_step"] = found
     return fitted
+
+
+def _with_compiled_host(profile: DeviceProfile, device, settings) -> DeviceProfile:
+    """The host seconds per compiled kernel and region call (calibration/compiled_host.py),
+    where measured; what was found, or why not, in `measured.compiled_host`."""
+    if settings.quick:
+        profile.measured["compiled_host"] = {"why": "not measured under --quick (it compiles for seconds): "
+                                                    "the built-in figures stand"}
+        return profile
+    from trainwise.calibration.compiled_host import measure_compiled_host
+
+    found = measure_compiled_host(device, profile, settings)
+    profile.measured["compiled_host"] = found
+    return dataclasses.replace(profile, host_s_per_compiled_kernel=found["kernel_s"],
+                               host_s_per_compiled_region=found["region_s"])
+
+
+def _with_context(profile: DeviceProfile, device) -> DeviceProfile:
+    """On a GPU, the device memory held outside the caching allocator, read last: every
+    kernel calibrate ran is loaded by then (calibration/context.py)."""
+    from trainwise.calibration.context import measure_context
+
+    found = measure_context(device)
+    if found is None:
+        return profile
+    profile.measured["context"] = found
+    return dataclasses.replace(profile, context_bytes=found["bytes"])
 
 
 def _device_name(target: Device) -> str:

@@ -16,20 +16,26 @@ from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
 from trainwise.calibration.timing import Fit, Settings, fit, measure_sizes, synchronizer
 
-TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+                "fp8": torch.float8_e4m3fn}
+# float8 tensor-core matmuls (torch._scaled_mm) arrived with Ada (sm89) and Hopper (sm90).
+FP8_CAPABILITY = (8, 9)
+FP8_ALIGN = 16  # cuBLASLt's fp8 layout: both matrix dimensions multiples of 16
 
 
 def dtypes_to_measure(device: torch.device) -> list[str]:
     """The dtype names the device runs: the CPU fp32 and bf16 (when a bf16 matmul runs),
-    a GPU fp32, tf32 (Ampere and newer), bf16 (where supported) and fp16."""
+    a GPU fp32, tf32 (Ampere and newer), bf16 (where supported), fp16 and fp8 (compute
+    capability 8.9 and newer: what --float8's torch._scaled_mm runs on)."""
     if device.type == "cpu":
         return ["fp32"] + (["bf16"] if _runs(device, torch.bfloat16) else [])
     names = ["fp32"]
-    if torch.cuda.get_device_capability(device) >= (8, 0):
+    capability = torch.cuda.get_device_capability(device)
+    if capability >= (8, 0):
         names.append("tf32")
     if torch.cuda.is_bf16_supported():
         names.append("bf16")
-    return names + ["fp16"]
+    return names + ["fp16"] + (["fp8"] if capability >= FP8_CAPABILITY else [])
 
 
 def _runs(device: torch.device, dtype: torch.dtype) -> bool:
@@ -64,12 +70,18 @@ def matmul_shapes(device: torch.device, settings: Settings) -> list[tuple[int, i
 
 
 def measure_matmul(device: torch.device, dtype_name: str, settings: Settings) -> Fit:
-    """The matmul Rate (FLOPs) of `dtype_name` on `device`."""
+    """The matmul Rate (FLOPs) of `dtype_name` on `device`; fp8: torch._scaled_mm, as
+    --float8 multiplies (fp8_matmul)."""
     dtype, sync = TORCH_DTYPES[dtype_name], synchronizer(device)
 
     def case(m: int, k: int, n: int):
+        if dtype_name == "fp8":
+            m, k, n = (-(-size // FP8_ALIGN) * FP8_ALIGN for size in (m, k, n))
+
         def make():
             a = torch.randn(m, k, device=device).to(dtype)
+            if dtype_name == "fp8":
+                return fp8_matmul(a, torch.randn(n, k, device=device).to(dtype))
             b = torch.randn(k, n, device=device).to(dtype)
             return lambda: torch.mm(a, b)
         return 2 * m * k * n, make
@@ -77,6 +89,15 @@ def measure_matmul(device: torch.device, dtype_name: str, settings: Settings) ->
     cases = [case(*shape) for shape in matmul_shapes(device, settings)]
     with tf32_allowed(dtype_name == "tf32") if device.type == "cuda" else contextlib.nullcontext():
         return fit(measure_sizes(cases, sync, settings))
+
+
+def fp8_matmul(a: torch.Tensor, b_rows: torch.Tensor):
+    """The call torchao's Float8Linear makes: `a` (m x k, row-major) times `b_rows`
+    transposed (k x n, column-major, as cuBLASLt's fp8 kernels need), per-tensor scales,
+    a bf16 result."""
+    scale = torch.ones((), device=a.device)
+    b = b_rows.t()
+    return lambda: torch._scaled_mm(a, b, scale_a=scale, scale_b=scale, out_dtype=torch.bfloat16)
 
 
 # Head dims whose attention rate calibrate measures. A CPU's attention kernel runs a head

@@ -1,5 +1,5 @@
 """Calibration of memory-bound work: element-wise bandwidth, the eager per-op cost, the
-optimizer step and host-to-device copies.
+optimizer step and copies between pinned host memory and a GPU, both directions.
 
 Sizes are bytes read plus bytes written (an fp32 `a + b` of n elements moves 12 n bytes),
 the quantity the trace counts for element-wise and normalisation ops."""
@@ -133,17 +133,36 @@ def traced_work(work) -> tuple[int, int]:
     return costs.total(2) + costs.total(3), costs.total(0) - costs.total(0, op_class="metadata")
 
 
-def measure_host_to_device(device: torch.device, settings: Settings) -> Fit:
-    """Pinned host memory to `device` (a GPU), one direction: a Rate on bytes."""
+COPY_DIRECTIONS = ("host_to_device", "device_to_host")
+
+
+def copy_sizes(settings: Settings) -> list[int]:
+    """Bytes per copy: 64 KiB to 256 MiB; the fit's throughput is the large copies' rate
+    (the small ones set its fixed cost)."""
+    return [2**p for p in ((16, 20, 24) if settings.quick else (16, 18, 20, 22, 24, 26, 28))]
+
+
+def measure_copy(device: torch.device, direction: str, settings: Settings, pinned: bool = True) -> Fit:
+    """Copies between pinned host memory and `device` (a GPU), one direction
+    (COPY_DIRECTIONS): a Rate on bytes. `pinned` False for a device without pinned memory
+    (a test on the CPU)."""
+    copy_ends(1, device, direction, pinned)  # a direction not named is refused before any timing
     sync = synchronizer(device)
-    sizes = [2**p for p in ((16, 20, 24) if settings.quick else (16, 18, 20, 22, 24, 26, 28))]
 
     def case(nbytes: int):
         def make():
-            host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
-            target = torch.empty(nbytes, dtype=torch.uint8, device=device)
-            return lambda: target.copy_(host, non_blocking=True)
+            source, destination = copy_ends(nbytes, device, direction, pinned)
+            return lambda: destination.copy_(source, non_blocking=True)
         return nbytes, make
 
-    return fit(measure_sizes([case(n) for n in sizes], sync, settings))
+    return fit(measure_sizes([case(n) for n in copy_sizes(settings)], sync, settings))
 
+
+def copy_ends(nbytes: int, device: torch.device, direction: str, pinned: bool = True):
+    """(source, destination) of one copy of `nbytes` in `direction`."""
+    if direction not in COPY_DIRECTIONS:
+        raise ValueError(f"direction {direction!r}: one of {COPY_DIRECTIONS}")
+    host = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
+    host = host.pin_memory() if pinned else host
+    target = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
+    return (host, target) if direction == "host_to_device" else (target, host)

@@ -39,6 +39,16 @@ def rate_rows(profile) -> list[tuple[str, str, str]]:
     if profile.host_to_device:
         rows.append(("host to device (pinned)", _gbs(profile.host_to_device.per_s),
                      _micro(profile.host_to_device.fixed_s)))
+    if profile.device_to_host:
+        rows.append(("device to host (pinned)", _gbs(profile.device_to_host.per_s),
+                     _micro(profile.device_to_host.fixed_s)))
+    if profile.host_s_per_compiled_kernel is not None:
+        rows.append(("host per kernel a compiled region launches", "-", _micro(profile.host_s_per_compiled_kernel)))
+    if profile.host_s_per_compiled_region is not None:
+        rows.append(("host per call into a compiled region", "-", _micro(profile.host_s_per_compiled_region)))
+    if profile.context_bytes is not None:
+        rows.append(("CUDA context and loaded kernels (device memory outside the allocator)",
+                     f"{profile.context_bytes / 2**20:.0f} MiB", "-"))
     return rows
 
 
@@ -77,4 +87,7 @@ def render_calibration(result) -> None:
         table.add_row(what, throughput, fixed, "measured")
     console = Console()
     console.print(table)
+    why = measured.get("compiled_host", {}).get("why")
+    if why:
+        console.print(f"torch.compile host costs: {why}")
     console.print(f"an op of size x takes fixed cost + x / throughput; profile written to {result.path}")
