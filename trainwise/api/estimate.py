@@ -19,7 +19,7 @@ from trainwise.estimator.result import EstimateResult
 from trainwise.estimator.shared_traces import SharedTraces
 from trainwise.common.errors import InputError
 from trainwise.hardware import Device, resolve_device
-from trainwise.hardware.profile import DeviceProfile, profile_for
+from trainwise.hardware.profile import DeviceProfile, profile_for, with_measured_context
 from trainwise.hardware.profile_settings import check_profile_settings
 from trainwise.models import ModelSpec, check_seq_len, resolve_model
 from trainwise.plan.layout import resolve_layout
@@ -51,6 +51,7 @@ def estimate(model: str | ModelSpec, plan: Plan | None = None, *, task: str | No
     check_estimate_support(plan)
     check_seq_len(spec, plan.seq_len)
     rates = _device_profile(device, profile)
+    device = with_measured_context(device, rates)  # the memory estimate's CUDA context, where measured
     per_rank = plan.is_distributed or plan.cpu_offload
     one_node = resolve_layout(plan).world if per_rank else 1
     topology = Topology.from_gbps(one_node if gpus_per_node is None else gpus_per_node, inter_node_gbps)

@@ -52,7 +52,7 @@ def render_estimate(result: EstimateResult, console: Console, by_module: bool = 
                   f"predicted, peak in {memory.peak_phase}{bound}")
     table.add_row("peak reserved", human_bytes(memory.peak_reserved), "", "", "", f"predicted ({reserved_note})")
     if result.device.kind == "cuda":
-        table.add_row("CUDA context", human_bytes(memory.context), "", "", "", "catalog estimate")
+        table.add_row("CUDA context", human_bytes(memory.context), "", "", "", result.device.context_source)
     table.add_row("[bold]device total[/]", human_bytes(memory.device_total), "", "", "",
                   "predicted (what nvidia-smi shows)" if result.device.kind == "cuda" else "predicted (tensor memory)")
     if memory.host:

@@ -1,5 +1,5 @@
 """The time --activation-offload adds to a step: the blocks' saved tensors copied to host
-memory in forward and back in backward over PCIe (profile.host_to_device, one direction),
+memory in forward (profile.device_to_host_rate) and back in backward (profile.host_to_device),
 priced as the engine overlaps them (trainwise/techniques/activation_offload.py):
 
 * device to host runs on a side stream beside the forward: exposed only where it outlasts
@@ -47,17 +47,18 @@ def activation_offload_seconds(traffic: OffloadTraffic, phase_seconds: dict[str,
                                profile: DeviceProfile) -> tuple[float, str]:
     """(exposed seconds per step, note). `phase_seconds`: device seconds of one micro-batch's
     forward and backward (recomputation included)."""
-    link = profile.host_to_device
-    if link is None or traffic.per_micro_batch == 0:
+    back, out = profile.host_to_device, profile.device_to_host_rate
+    if back is None or traffic.per_micro_batch == 0:
         return 0.0, "activation offload: nothing moves on this device (the saved tensors stay where they are)"
-    one_way = link.seconds(traffic.per_micro_batch)
-    forward_excess = max(0.0, one_way - phase_seconds.get("forward", 0.0))
-    first_block = link.seconds(traffic.last_block)
-    rest = max(0.0, one_way - first_block)
+    forward_copies, backward_copies = out.seconds(traffic.per_micro_batch), back.seconds(traffic.per_micro_batch)
+    forward_excess = max(0.0, forward_copies - phase_seconds.get("forward", 0.0))
+    first_block = back.seconds(traffic.last_block)
+    rest = max(0.0, backward_copies - first_block)
     backward_excess = max(0.0, rest - phase_seconds.get("backward", 0.0))
     exposed = micro_batches * (forward_excess + first_block + backward_excess)
     note = (f"activation offload: {traffic.per_micro_batch / 2**20:.1f} MiB each way per micro-batch over PCIe "
-            f"({2 * one_way * 1e3:.2f} ms of copies a micro-batch), overlapped with compute except "
+            f"({(forward_copies + backward_copies) * 1e3:.2f} ms of copies a micro-batch; "
+            f"{profile.copy_rates_text()}), overlapped with compute except "
             f"{exposed / micro_batches * 1e3:.2f} ms (the first block of backward waits for its copy)")
     return exposed, note
 

@@ -74,7 +74,7 @@ def pipeline_bubble_s(plan, layout: Layout, work: RankWork) -> float:
 def offload_seconds(layout: Layout, work: RankWork, profile: DeviceProfile, zero3: bool) -> tuple[float, float, str]:
     """(transfer seconds, host optimizer seconds, note) of FSDP2's CPU offload: the rank's
     parameter shards copied host-to-device before each gather (forward, and backward under
-    ZeRO-3, every micro-batch), the gradient shards back once a step, over PCIe (not
+    ZeRO-3, every micro-batch), the gradient shards back once a step (device to host), over PCIe (not
     overlapped), and the optimizer step on the host."""
     shards = layout.fsdp
     params, trainable = work.params / shards, work.trainable_params / shards
@@ -84,9 +84,9 @@ def offload_seconds(layout: Layout, work: RankWork, profile: DeviceProfile, zero
     if profile.host_to_device is None:  # the CPU: host and device are one memory
         return 0.0, host, note
     gathers = work.grad_accum * (2 if zero3 else 1)
-    pcie = profile.host_to_device
-    transfers = gathers * pcie.seconds(params * work.weight_bytes) + pcie.seconds(trainable * work.reduce_bytes)
-    return transfers, host, note
+    transfers = (gathers * profile.host_to_device.seconds(params * work.weight_bytes)
+                 + profile.device_to_host_rate.seconds(trainable * work.reduce_bytes))
+    return transfers, host, f"{note}; {profile.copy_rates_text()}"
 
 
 def layout_time(plan, layout: Layout, work: RankWork, profile: DeviceProfile, topology: Topology) -> LayoutTime:

@@ -61,6 +61,7 @@ class EstimateResult:
         capacity = self.device.memory_bytes
         memory = self.memory.to_json()
         memory["device_capacity"] = capacity
+        memory["context_source"] = self.device.context_source
         return {"model": self.model, "task": self.task, "params": self.params,
                 "trainable_params": self.trainable_params, "device": self.device.kind,
                 "device_name": self.device.name, "device_source": self.device.source,

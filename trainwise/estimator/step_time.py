@@ -101,6 +101,7 @@ def predict_step_time(traces: Sequence[StepTrace], fit: DepthFit | None, plan: P
     weights = _micro_step_weights(plan.grad_accum, chunks)
     breakdown = step_breakdown(costs, weights, plan, profile)
     notes = [COMPILED_NOTE.format(scope=plan.compile_scope)] if plan.compile else []
+    notes += matmul_rate_notes(costs, plan, profile)
     if plan.activation_offload:
         seconds, note = activation_offload_seconds(offload_traffic(traces, fit), micro_batch_phase_seconds(
             costs, plan, profile), plan.grad_accum * chunks, profile)
@@ -108,6 +109,23 @@ def predict_step_time(traces: Sequence[StepTrace], fit: DepthFit | None, plan: P
         notes.append(note)
     model_flops = _model_flops(costs, weights)
     return _step_time(breakdown, model_flops, plan, device, profile, model_name, chunks, notes)
+
+
+def matmul_rate_notes(costs: OpCosts, plan: Plan, profile: DeviceProfile) -> list[str]:
+    """Where the matmul rates came from: an fp8 rate (--float8) measured or the catalog's,
+    and any dtype the profile has no rate for, priced at the fp32 rate instead."""
+    dtypes = {_compute_dtype(key[3], plan) for key, values, _ in _all_rows(costs)
+              if key[2] in CONTRACTIONS and values[1] > 0}
+    origin = CATALOG_RATES if profile.source == "catalog" else f"measured (the profile {profile.source})"
+    notes = []
+    for dtype in sorted(dtypes):
+        if dtype not in profile.matmul:
+            notes.append(f"{dtype} matmuls priced at the fp32 matmul rate, {origin}: assumed, the profile has no "
+                         f"{dtype} rate" + (" (trainwise calibrate measures fp8 on a GPU of compute capability "
+                                             "8.9 or newer)" if dtype == "fp8" else ""))
+        elif dtype == "fp8":
+            notes.append(f"fp8 matmuls at {profile.matmul['fp8'].per_s / 1e12:.3g} TFLOP/s, {origin}")
+    return notes
 
 
 def micro_batch_phase_seconds(costs: OpCosts, plan: Plan, profile: DeviceProfile) -> dict[str, float]:
