@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_validation.sh DIR STAGE...
 #
-# STAGE: smoke | memory | vs-trainer | offload | bench | time-model | plan | activation-offload |
+# STAGE: smoke | memory | vs-trainer | offload | bench | profile | time-model | plan | activation-offload |
 # engine-speed | engine-fit | engine-memory | tasks | tp-compile. Each stage has its own time limit
 # (seconds, env LIMIT_<STAGE>) so a slow one cannot starve the rest; each writes its log
 # and results under DIR, and its scripts write their rows as they go, so a stage stopped by
@@ -68,6 +68,10 @@ for name in "$@"; do
     bench)
       stage bench "${LIMIT_BENCH:-330}" $py -m trainwise bench --out "$out/bench"
       ;;
+    profile)  # issue 26 item 5: the complete GPU profile (fp8 matmuls, copies both ways, the CUDA context, compiled host times)
+      stage profile "${LIMIT_PROFILE:-330}" $py -m trainwise calibrate --device cuda --out "$out/profile-cuda.json" --json
+      stage profile-test "${LIMIT_PROFILE_TEST:-150}" $py -m pytest -o addopts="" -q -m gpu tests/test_gpu_profile.py
+      ;;
     time-model)  # issue 16: predicted vs measured step time (calibrate first), MAPE and Spearman
       stage time-model "${LIMIT_TIME_MODEL:-420}" $py benchmarks/time_model.py --device cuda --repeat 2 --steps 12 --warmup 3 --models "${TIME_MODELS:-bert-large-uncased,Llama-3.2-1B}" --seq-lens "${TIME_SEQ_LENS:-512,2048}" --page "$out/time-model-cuda.md"
       ;;
@@ -102,7 +106,7 @@ for name in "$@"; do
       stage tp-compile "${LIMIT_TP_COMPILE:-300}" $py -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/tp_compile_check.py --out "$out/tp-compile.json"
       ;;
     *)
-      echo "unknown stage $name (smoke, memory, vs-trainer, offload, bench, time-model, plan, activation-offload, engine-speed, engine-fit, engine-memory, tasks, tp-compile)" >&2
+      echo "unknown stage $name (smoke, memory, vs-trainer, offload, bench, profile, time-model, plan, activation-offload, engine-speed, engine-fit, engine-memory, tasks, tp-compile)" >&2
       exit 2
       ;;
   esac

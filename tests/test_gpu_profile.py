@@ -173,8 +173,19 @@ def fake_cuda(monkeypatch):
     80 MiB of it reserved by the caching allocator."""
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 80 * MiB)
-    monkeypatch.setattr(context, "_nvml_process_bytes", lambda device: 600 * MiB)
+    _nvml_reads(monkeypatch, 600 * MiB)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (70_000 * MiB, 81_000 * MiB))
+
+
+def _nvml_reads(monkeypatch, held):
+    """NVML's figure for this process: `held` bytes, or None (not listed)."""
+    class Reader:
+        def __init__(self, device):
+            pass
+
+        def used_bytes(self):
+            return held
+    monkeypatch.setattr(context, "ProcessGpuMemory", Reader)
 
 
 def test_the_context_is_what_the_process_holds_beyond_the_allocators_reserve(fake_cuda):
@@ -183,14 +194,14 @@ def test_the_context_is_what_the_process_holds_beyond_the_allocators_reserve(fak
 
 
 def test_without_nvml_the_devices_used_memory_is_read_and_the_profile_says_so(fake_cuda, monkeypatch):
-    monkeypatch.setattr(context, "_nvml_process_bytes", lambda device: None)
+    _nvml_reads(monkeypatch, None)
     found = context.measure_context(torch.device("cuda:0"))
     assert found["bytes"] == 11_000 * MiB - 80 * MiB and found["method"] == context.WHOLE_DEVICE
     assert "every process" in found["method"]
 
 
 def test_a_reading_below_the_allocators_reserve_is_refused(fake_cuda, monkeypatch):
-    monkeypatch.setattr(context, "_nvml_process_bytes", lambda device: 10 * MiB)
+    _nvml_reads(monkeypatch, 10 * MiB)
     with pytest.raises(RuntimeError, match="below what the caching allocator reserved"):
         context.measure_context(torch.device("cuda:0"))
 

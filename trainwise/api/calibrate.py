@@ -108,8 +108,9 @@ def calibrate(device: str = "cpu", out: str | Path | None = None, nproc: int = 1
                             device_to_host=rates.get("device_to_host"))
     if target.kind == "cpu":
         profile = _with_training_host(profile, torch_device, settings, spreads)
-    profile = _with_compiled_host(profile, torch_device, settings)
+    # The context before the compiled chains: an eager step loads no Triton kernels.
     profile = _with_context(profile, torch_device)
+    profile = _with_compiled_host(profile, torch_device, settings)
     seconds = round(time.perf_counter() - started, 1)
     measured.update(_provenance(target, nproc, quick, settings, seconds, load_start, spreads))
     write_profile(profile, path)
@@ -187,8 +188,8 @@ def _with_compiled_host(profile: DeviceProfile, device, settings) -> DeviceProfi
 
 
 def _with_context(profile: DeviceProfile, device) -> DeviceProfile:
-    """On a GPU, the device memory held outside the caching allocator, read last: every
-    kernel calibrate ran is loaded by then (calibration/context.py)."""
+    """On a GPU, the device memory held outside the caching allocator, read after the
+    matmuls, attention and optimizer steps loaded their kernels (calibration/context.py)."""
     from trainwise.calibration.context import measure_context
 
     found = measure_context(device)

@@ -30,8 +30,9 @@ MiB = 1024**2
 # bare context.
 #
 # Our estimate is therefore   base + SMs x threads/SM x 1 KiB,   with the base chosen so
-# that an A100 comes to ~500 MiB after a training step. It is an estimate to be replaced
-# by calibration on real hardware, and is labelled as such wherever it is shown.
+# that an A100 comes to ~500 MiB after a training step. It is an estimate, labelled as such
+# wherever it is shown; a profile of the GPU written by `trainwise calibrate` holds the
+# measured figure (trainwise/calibration/context.py), which the memory estimate uses instead.
 CONTEXT_BASE_BYTES = 300 * MiB
 STACK_BYTES_PER_THREAD = 1024  # CUDA's default cudaLimitStackSize
 

@@ -54,11 +54,13 @@ EAGER_HOST_S_PER_OP = 12e-6
 COLLECTIVE_LATENCY_S = 20e-6
 # Host seconds under torch.compile (trainwise/trace/fusion.py), by device kind: one kernel
 # launched by inductor's generated wrapper, and one call into a compiled region (guards,
-# AOTAutograd's runtime wrapper, its autograd node), forward and backward each. Estimates,
-# not calibrated: the CPU pair was set from a one-off timing on the project's 2-core CPU (a
-# compiled chain of matmul + element-wise blocks at 2 and 12 blocks: about 21.5 us more per
-# block of about five kernels, about 140 us more per step over two region calls), which
-# is not kept as a script; the CUDA pair is a guess at a Python wrapper's Triton launch.
+# AOTAutograd's runtime wrapper, its autograd node), forward and backward each. Used where
+# a profile has no measurement of its own (catalog profiles, older files, --quick ones):
+# `trainwise calibrate` measures the pair (trainwise/calibration/compiled_host.py). The CPU
+# pair was set from a one-off timing on the project's 2-core CPU (a compiled chain of
+# matmul + element-wise blocks at 2 and 12 blocks: about 21.5 us more per block of about
+# five kernels, about 140 us more per step over two region calls); the CUDA pair is a guess
+# at a Python wrapper's Triton launch.
 COMPILED_KERNEL_HOST_S = {"cpu": 4e-6, "cuda": 5e-6}
 COMPILED_REGION_HOST_S = {"cpu": 70e-6, "cuda": 40e-6}
 # PCIe between host and GPU, one direction of an x16 link, by generation (the catalog's
