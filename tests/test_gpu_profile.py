@@ -19,6 +19,7 @@ from trainwise.calibration.timing import QUICK, Synchronizer
 from trainwise.estimator.activation_offload_time import OffloadTraffic, activation_offload_seconds
 from trainwise.estimator.step_time import matmul_rate_notes, step_breakdown
 from trainwise.hardware.device import cpu_device
+from trainwise.hardware.gpu import FLOAT8_CAPABILITY
 from trainwise.hardware.profile import DeviceProfile, Rate, catalog_profile, read_profile, write_profile
 from trainwise.hardware.resolve import resolve_device
 from trainwise.plan.plan import Plan
@@ -330,7 +331,7 @@ def test_calibrate_on_a_gpu_measures_the_complete_profile(tmp_path):
     from trainwise.api.calibrate import calibrate
 
     profile = calibrate("cuda", out=tmp_path / "gpu.json", quick=True).profile
-    has_fp8 = torch.cuda.get_device_capability() >= compute.FP8_CAPABILITY
+    has_fp8 = torch.cuda.get_device_capability() >= FLOAT8_CAPABILITY
     assert ("fp8" in profile.matmul) is has_fp8
     assert profile.host_to_device.per_s > 1e9 and profile.device_to_host.per_s > 1e9
     assert 100 * MiB < profile.context_bytes < 4096 * MiB

@@ -15,12 +15,11 @@ import torch
 from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
 from trainwise.calibration.timing import Fit, Settings, fit, measure_sizes, synchronizer
+from trainwise.hardware.gpu import FLOAT8_CAPABILITY
+from trainwise.techniques.float8 import FLOAT8_ALIGNMENT
 
 TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
                 "fp8": torch.float8_e4m3fn}
-# float8 tensor-core matmuls (torch._scaled_mm) arrived with Ada (sm89) and Hopper (sm90).
-FP8_CAPABILITY = (8, 9)
-FP8_ALIGN = 16  # cuBLASLt's fp8 layout: both matrix dimensions multiples of 16
 
 
 def dtypes_to_measure(device: torch.device) -> list[str]:
@@ -35,7 +34,7 @@ def dtypes_to_measure(device: torch.device) -> list[str]:
         names.append("tf32")
     if torch.cuda.is_bf16_supported():
         names.append("bf16")
-    return names + ["fp16"] + (["fp8"] if capability >= FP8_CAPABILITY else [])
+    return names + ["fp16"] + (["fp8"] if capability >= FLOAT8_CAPABILITY else [])
 
 
 def _runs(device: torch.device, dtype: torch.dtype) -> bool:
@@ -76,7 +75,7 @@ def measure_matmul(device: torch.device, dtype_name: str, settings: Settings) ->
 
     def case(m: int, k: int, n: int):
         if dtype_name == "fp8":
-            m, k, n = (-(-size // FP8_ALIGN) * FP8_ALIGN for size in (m, k, n))
+            m, k, n = (-(-size // FLOAT8_ALIGNMENT) * FLOAT8_ALIGNMENT for size in (m, k, n))
 
         def make():
             a = torch.randn(m, k, device=device).to(dtype)

@@ -15,6 +15,8 @@ _DTYPE_KEYS = {
 }
 
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
+# float8 (e4m3/e5m2) tensor-core matmuls arrived with Ada (sm89) and Hopper (sm90).
+FLOAT8_CAPABILITY = (8, 9)
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ class GPU:
     @property
     def supports_float8(self) -> bool:
         """float8 (e4m3/e5m2) tensor-core matmuls arrived with Ada (sm89) and Hopper (sm90)."""
-        return self.compute_capability >= (8, 9)
+        return self.compute_capability >= FLOAT8_CAPABILITY
 
     def peak(self, dtype: str) -> float | None:
         """Peak dense FLOP/s for `dtype`, or None when unsupported or unknown."""
