@@ -81,7 +81,7 @@ def test_the_fp8_matmul_is_torchs_scaled_mm_on_shapes_aligned_to_16():
 
 
 def _matmul_costs(dtype: str, flops: int) -> OpCosts:
-    return OpCosts({("forward", 0, "matmul", dtype, False): [1, flops, 0, 0]})
+    return OpCosts({("forward", 0, "matmul", dtype, False, 0): [1, flops, 0, 0]})
 
 
 def test_a_measured_fp8_rate_prices_fp8_matmuls_and_the_note_says_measured():
@@ -311,7 +311,7 @@ def test_on_the_cpu_the_gpu_measurements_are_not_made(monkeypatch):
     for name in ("measure_copy",):
         monkeypatch.setattr(memory, name, lambda *a, **k: asked.append(a))
     monkeypatch.setattr(compute, "measure_matmul", lambda device, dtype, settings: asked.append(dtype) or _fit())
-    monkeypatch.setattr(compute, "measure_attention", lambda *a, **k: _fit())
+    monkeypatch.setattr(compute, "measure_attention", lambda *a, **k: dict.fromkeys(compute.HEAD_DIMS, _fit()))
     for name in ("measure_memory", "measure_transcendental", "measure_random", "measure_optimizer"):
         monkeypatch.setattr(memory, name, lambda *a, **k: _fit())
     monkeypatch.setattr(memory, "measure_host_overhead", lambda *a, **k: (5e-6, 0.0))
