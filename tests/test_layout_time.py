@@ -126,6 +126,20 @@ def test_offload_pcie_term_scales_with_parameter_bytes():
     assert small.breakdown["optimizer"] == 0.0 and any("host optimizer" in n for n in small.notes)
 
 
+def test_offloaded_gradients_leave_at_the_device_to_host_rate_and_the_note_says_which_rates():
+    """The parameter shards come in at host-to-device (50 GB/s); the gradient shards leave
+    at a measured device-to-host 25 GB/s, not at the other direction's rate."""
+    p = plan(nproc=8, zero=3, cpu_offload=True)
+    layout = resolve_layout(p)
+    both = dataclasses.replace(profile(), device_to_host=Rate(25 * GB, 0.0))
+    result = layout_time(p, layout, work(), both, Topology(8))
+    pcie = 2 * 1e9 / 8 * 4 / (50 * GB) + 1e9 / 8 * 4 / (25 * GB)
+    assert result.breakdown["offload"] == pytest.approx(pcie + 1_000_000_000 / 8 / 2.5e8)
+    assert any("device to host 25 GB/s (measured)" in n for n in result.notes)
+    one_rate = layout_time(p, layout, work(), profile(), Topology(8))
+    assert any("device to host assumed the same (not measured)" in n for n in one_rate.notes)
+
+
 def test_fsdp_gathers_hide_behind_compute_until_they_are_longer():
     p = plan(nproc=8, zero=3)
     layout = resolve_layout(p)
