@@ -20,7 +20,8 @@ from trainwise.estimator.activation_offload_time import OffloadTraffic, activati
 from trainwise.estimator.step_time import matmul_rate_notes, step_breakdown
 from trainwise.hardware.device import cpu_device
 from trainwise.hardware.gpu import FLOAT8_CAPABILITY
-from trainwise.hardware.profile import DeviceProfile, Rate, catalog_profile, read_profile, write_profile
+from trainwise.hardware.profile import (CORRECTIONS_OVER_CATALOG, DeviceProfile, Rate, catalog_profile, read_profile,
+                                        write_profile)
 from trainwise.hardware.resolve import resolve_device
 from trainwise.plan.plan import Plan
 from trainwise.trace.op_costs import OpCosts
@@ -160,6 +161,16 @@ def test_activation_offload_copies_out_at_the_device_to_host_rate_and_back_at_th
     assert same == pytest.approx(1.0 + 0.25 + 0.75) and "device to host assumed the same (not measured)" in note
     catalog = catalog_profile(resolve_device("H100-SXM"))
     assert "(catalog PCIe figure x assumed efficiency)" in activation_offload_seconds(traffic, {}, 1, catalog)[1]
+
+
+def test_a_cache_file_of_catalog_figures_plus_corrections_is_not_called_measured():
+    """plan --verify writes the catalog's figures into a file with its corrections: a file,
+    but its rates are the catalog's."""
+    catalog = catalog_profile(resolve_device("H100-SXM"))
+    cached = dataclasses.replace(catalog, source="/cache/H100-80GB.json", measured={"kind": CORRECTIONS_OVER_CATALOG})
+    assert not cached.rates_measured and "catalog PCIe figure" in cached.copy_rates_text()
+    (note,) = matmul_rate_notes(_matmul_costs("fp8", 10**15), Plan(), cached)
+    assert "catalog figures x assumed efficiencies" in note and "measured" not in note
 
 
 # --- (c) the CUDA context -------------------------------------------------------------

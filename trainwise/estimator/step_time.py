@@ -116,7 +116,7 @@ def matmul_rate_notes(costs: OpCosts, plan: Plan, profile: DeviceProfile) -> lis
     and any dtype the profile has no rate for, priced at the fp32 rate instead."""
     dtypes = {_compute_dtype(key[3], plan) for key, values, _ in _all_rows(costs)
               if key[2] in CONTRACTIONS and values[1] > 0}
-    origin = CATALOG_RATES if profile.source == "catalog" else f"measured (the profile {profile.source})"
+    origin = f"measured (the profile {profile.source})" if profile.rates_measured else CATALOG_RATES
     notes = []
     for dtype in sorted(dtypes):
         if dtype not in profile.matmul:

@@ -33,6 +33,9 @@ PROFILE_VERSION = 1
 # How a time predicted from a catalog profile names its rates, wherever it is shown.
 CATALOG_RATES = "catalog figures x assumed efficiencies"
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+# measured["kind"] of a cache file holding catalog figures plus the corrections `plan
+# --verify` measured (trainwise/search/corrections.py): its rates were not measured.
+CORRECTIONS_OVER_CATALOG = "corrections over catalog"
 
 # Fractions of the vendor peak that tuned kernels reach on large shapes. These are
 # ASSUMPTIONS, not measurements of this project: round figures in line with what public
@@ -168,11 +171,17 @@ class DeviceProfile:
         """Device to host: the measured rate, else the host-to-device one."""
         return self.device_to_host or self.host_to_device
 
+    @property
+    def rates_measured(self) -> bool:
+        """Whether the rates were measured by calibrate: not a catalog profile, nor a cache
+        file holding catalog figures plus verify's corrections."""
+        return self.source != "catalog" and self.measured.get("kind") != CORRECTIONS_OVER_CATALOG
+
     def copy_rates_text(self) -> str:
         """The host-device copy rates and where each came from, for every note that uses them."""
         if self.host_to_device is None:
             return "no host-device copies on this device"
-        origin = "catalog PCIe figure x assumed efficiency" if self.source == "catalog" else "measured"
+        origin = "measured" if self.rates_measured else "catalog PCIe figure x assumed efficiency"
         there = f"host to device {self.host_to_device.per_s / GB_S:.3g} GB/s ({origin})"
         if self.device_to_host is not None:
             return f"{there}, device to host {self.device_to_host.per_s / GB_S:.3g} GB/s ({origin})"

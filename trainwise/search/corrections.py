@@ -29,10 +29,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from trainwise.hardware.device import Device
-from trainwise.hardware.profile import DeviceProfile, default_profile_path, profile_for, write_profile
+from trainwise.hardware.profile import (CORRECTIONS_OVER_CATALOG, DeviceProfile, default_profile_path, profile_for,
+                                        write_profile)
 
 DEVICE_KEY = "step"
-CORRECTIONS_OVER_CATALOG = "corrections over catalog"
 HISTORY_KEPT = 20  # lines of measured["verify_history"] kept, newest last
 
 
