@@ -288,6 +288,17 @@ def test_calibrate_sets_the_compiled_host_times_it_measured_and_leaves_quick_to_
     assert quick.host_s_per_compiled_kernel is None and "--quick" in quick.measured["compiled_host"]["why"]
 
 
+def test_a_machine_where_torch_compile_fails_keeps_the_built_in_figures(monkeypatch):
+    def no_compiler(module):
+        raise RuntimeError("InductorError: CppCompileError: no C++ compiler found\nmore")
+    monkeypatch.setattr(torch, "compile", no_compiler)
+    profile = DeviceProfile("cpu", "cpu", "test", {"fp32": Rate(1e10)}, {}, Rate(1e10), 5e-6)
+    found = compiled_host.measure_compiled_host(torch.device("cpu"), profile, QUICK)
+    assert found["kernel_s"] is None and found["region_s"] is None and found["points"] == []
+    assert found["why"] == ("torch.compile failed on this machine (RuntimeError: InductorError: CppCompileError: "
+                            "no C++ compiler found): nothing measured")
+
+
 @pytest.mark.slow
 def test_a_compiled_chain_is_timed_on_the_cpu():
     """Compiles two chains (seconds each): the measurement runs end to end; its figures on a

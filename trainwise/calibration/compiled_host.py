@@ -51,9 +51,24 @@ def block_counts(settings: Settings) -> tuple[int, ...]:
 def measure_compiled_host(device: torch.device, profile: DeviceProfile, settings: Settings) -> dict:
     """{"kernel_s", "region_s", "points": [[blocks, seconds]], ...}: host seconds per
     compiled kernel and per region call on `device`, the device work of `profile`'s rates
-    taken out on the CPU. Compiles len(block_counts) chains (seconds each)."""
+    taken out on the CPU. Compiles len(block_counts) chains (seconds each). Where
+    torch.compile fails here (no C++ compiler for the CPU, no Triton for a GPU), nothing is
+    measured and "why" says so: the rest of the profile stands."""
     import torch._dynamo
 
+    try:
+        points = _timed_chains(device, settings)
+    except Exception as err:  # noqa: BLE001 - inductor fails in many ways without its toolchain
+        reason = (str(err).strip().splitlines() or [""])[0][:200]
+        return {"points": [], "kernels_per_block": KERNELS_PER_BLOCK, "kernel_s": None, "region_s": None,
+                "why": f"torch.compile failed on this machine ({type(err).__name__}: {reason}): nothing measured"}
+    finally:
+        torch._dynamo.reset()  # the chains' compiled code is not kept past the measurement
+    return compiled_host_costs(points, block_device_seconds(profile) if device.type == "cpu" else 0.0)
+
+
+def _timed_chains(device: torch.device, settings: Settings) -> list[tuple[int, float]]:
+    """(blocks, seconds of one forward and backward) of each compiled chain."""
     sync, points = synchronizer(device), []
     for blocks in block_counts(settings):
         chain = torch.nn.Sequential(*(_Block(device) for _ in range(blocks)))
@@ -66,8 +81,7 @@ def measure_compiled_host(device: torch.device, profile: DeviceProfile, settings
 
         step()  # compiles forward and backward: not a call's cost
         points.append((blocks, time_call(step, sync, settings).seconds))
-    torch._dynamo.reset()  # the chains' compiled code is not kept past the measurement
-    return compiled_host_costs(points, block_device_seconds(profile) if device.type == "cpu" else 0.0)
+    return points
 
 
 def block_device_seconds(profile: DeviceProfile) -> float:
