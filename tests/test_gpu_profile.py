@@ -299,6 +299,15 @@ def test_a_machine_where_torch_compile_fails_keeps_the_built_in_figures(monkeypa
                             "no C++ compiler found): nothing measured")
 
 
+def test_the_compiled_note_says_which_host_times_were_measured():
+    from trainwise.estimator.step_time import compiled_host_text
+
+    assert compiled_host_text(_gpu_profile()) == ("5 us built in, not measured per kernel, "
+                                                  "40 us built in, not measured per region call")
+    measured = _gpu_profile(host_s_per_compiled_kernel=7e-6)
+    assert compiled_host_text(measured) == "7 us measured per kernel, 40 us built in, not measured per region call"
+
+
 @pytest.mark.slow
 def test_a_compiled_chain_is_timed_on_the_cpu():
     """Compiles two chains (seconds each): the measurement runs end to end; its figures on a

@@ -58,7 +58,7 @@ CONTRACTIONS = ("matmul", "attention")
 OPTIMIZER_PHASES = ("optimizer", "zero_grad")
 COMPILED_NOTE = ("--compile (scope {scope}): the compiled regions' element-wise chains priced as fused kernels "
                  "(the bytes entering and leaving each chain, host time per launched kernel and per region call: "
-                 "trainwise/trace/fusion.py); compile time is not in the step")
+                 "trainwise/trace/fusion.py; host times {host}); compile time is not in the step")
 # Phases whose device work the host can run ahead of, on CUDA (recomputation is backward's).
 OVERLAP_GROUPS = {"forward": "forward", "backward": "backward", "optimizer": "optimizer", "zero_grad": "optimizer"}
 
@@ -100,7 +100,7 @@ def predict_step_time(traces: Sequence[StepTrace], fit: DepthFit | None, plan: P
         costs = traces[-1].op_costs
     weights = _micro_step_weights(plan.grad_accum, chunks)
     breakdown = step_breakdown(costs, weights, plan, profile)
-    notes = [COMPILED_NOTE.format(scope=plan.compile_scope)] if plan.compile else []
+    notes = [COMPILED_NOTE.format(scope=plan.compile_scope, host=compiled_host_text(profile))] if plan.compile else []
     notes += matmul_rate_notes(costs, plan, profile)
     if plan.activation_offload:
         seconds, note = activation_offload_seconds(offload_traffic(traces, fit), micro_batch_phase_seconds(
@@ -109,6 +109,14 @@ def predict_step_time(traces: Sequence[StepTrace], fit: DepthFit | None, plan: P
         notes.append(note)
     model_flops = _model_flops(costs, weights)
     return _step_time(breakdown, model_flops, plan, device, profile, model_name, chunks, notes)
+
+
+def compiled_host_text(profile: DeviceProfile) -> str:
+    """The host times a compiled step is priced with, and whether calibrate measured them."""
+    def one(seconds: float, measured: float | None) -> str:
+        return f"{seconds * 1e6:.3g} us " + ("measured" if measured is not None else "built in, not measured")
+    return (f"{one(profile.compiled_kernel_host_s, profile.host_s_per_compiled_kernel)} per kernel, "
+            f"{one(profile.compiled_region_host_s, profile.host_s_per_compiled_region)} per region call")
 
 
 def matmul_rate_notes(costs: OpCosts, plan: Plan, profile: DeviceProfile) -> list[str]:
