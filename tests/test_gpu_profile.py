@@ -16,7 +16,7 @@ import torch
 
 from trainwise.calibration import compiled_host, compute, context, memory
 from trainwise.calibration.timing import QUICK, Synchronizer
-from trainwise.estimator.activation_offload_time import OffloadTraffic, activation_offload_seconds
+from trainwise.estimator.activation_offload_time import OffloadTraffic, activation_offload_seconds, copy_rates_text
 from trainwise.estimator.step_time import matmul_rate_notes, step_breakdown
 from trainwise.hardware.device import cpu_device
 from trainwise.hardware.gpu import FLOAT8_CAPABILITY
@@ -168,7 +168,7 @@ def test_a_cache_file_of_catalog_figures_plus_corrections_is_not_called_measured
     but its rates are the catalog's."""
     catalog = catalog_profile(resolve_device("H100-SXM"))
     cached = dataclasses.replace(catalog, source="/cache/H100-80GB.json", measured={"kind": CORRECTIONS_OVER_CATALOG})
-    assert not cached.rates_measured and "catalog PCIe figure" in cached.copy_rates_text()
+    assert not cached.rates_measured and "catalog PCIe figure" in copy_rates_text(cached)
     (note,) = matmul_rate_notes(_matmul_costs("fp8", 10**15), Plan(), cached)
     assert "catalog figures x assumed efficiencies" in note and "measured" not in note
 

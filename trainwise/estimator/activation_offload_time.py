@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from trainwise.hardware.profile import DeviceProfile
+from trainwise.hardware.profile import GB_S, DeviceProfile
 from trainwise.techniques.activation_offload import OFFLOADED_OP
 from trainwise.trace.depth import DepthFit, extrapolate_by_kind
 from trainwise.trace.step_trace import StepTrace
@@ -58,9 +58,21 @@ def activation_offload_seconds(traffic: OffloadTraffic, phase_seconds: dict[str,
     exposed = micro_batches * (forward_excess + first_block + backward_excess)
     note = (f"activation offload: {traffic.per_micro_batch / 2**20:.1f} MiB each way per micro-batch over PCIe "
             f"({(forward_copies + backward_copies) * 1e3:.2f} ms of copies a micro-batch; "
-            f"{profile.copy_rates_text()}), overlapped with compute except "
+            f"{copy_rates_text(profile)}), overlapped with compute except "
             f"{exposed / micro_batches * 1e3:.2f} ms (the first block of backward waits for its copy)")
     return exposed, note
+
+
+def copy_rates_text(profile: DeviceProfile) -> str:
+    """The host-device copy rates and where each came from, for every note that uses them
+    (activation offload's, CPU offload's)."""
+    if profile.host_to_device is None:
+        return "no host-device copies on this device"
+    origin = "measured" if profile.rates_measured else "catalog PCIe figure x assumed efficiency"
+    there = f"host to device {profile.host_to_device.per_s / GB_S:.3g} GB/s ({origin})"
+    if profile.device_to_host is not None:
+        return f"{there}, device to host {profile.device_to_host.per_s / GB_S:.3g} GB/s ({origin})"
+    return f"{there}, device to host assumed the same (not measured)"
 
 
 def _copied_bytes(trace: StepTrace) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainwise.estimator.activation_offload_time import copy_rates_text
 from trainwise.estimator.collective_time import Topology
 from trainwise.estimator.fsdp_time import fsdp_collectives
 from trainwise.estimator.layout_collectives import (CollectiveTime, Groups, ddp_all_reduce, pipeline_p2p,
@@ -86,7 +87,7 @@ def offload_seconds(layout: Layout, work: RankWork, profile: DeviceProfile, zero
     gathers = work.grad_accum * (2 if zero3 else 1)
     transfers = (gathers * profile.host_to_device.seconds(params * work.weight_bytes)
                  + profile.device_to_host_rate.seconds(trainable * work.reduce_bytes))
-    return transfers, host, f"{note}; {profile.copy_rates_text()}"
+    return transfers, host, f"{note}; {copy_rates_text(profile)}"
 
 
 def layout_time(plan, layout: Layout, work: RankWork, profile: DeviceProfile, topology: Topology) -> LayoutTime:

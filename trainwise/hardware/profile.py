@@ -177,16 +177,6 @@ class DeviceProfile:
         file holding catalog figures plus verify's corrections."""
         return self.source != "catalog" and self.measured.get("kind") != CORRECTIONS_OVER_CATALOG
 
-    def copy_rates_text(self) -> str:
-        """The host-device copy rates and where each came from, for every note that uses them."""
-        if self.host_to_device is None:
-            return "no host-device copies on this device"
-        origin = "measured" if self.rates_measured else "catalog PCIe figure x assumed efficiency"
-        there = f"host to device {self.host_to_device.per_s / GB_S:.3g} GB/s ({origin})"
-        if self.device_to_host is not None:
-            return f"{there}, device to host {self.device_to_host.per_s / GB_S:.3g} GB/s ({origin})"
-        return f"{there}, device to host assumed the same (not measured)"
-
     def matmul_rate(self, dtype: str) -> Rate | None:
         return self.matmul.get(dtype) or self.matmul.get("fp32")
 
