@@ -93,12 +93,17 @@ def test_a_measured_fp8_rate_prices_fp8_matmuls_and_the_note_says_measured():
     assert note.startswith("fp8 matmuls at 1e+03 TFLOP/s, measured (the profile /profiles/h100.json)")
 
 
-def test_without_a_measured_fp8_rate_the_fp32_rate_stands_in_and_the_note_says_assumed():
+def test_without_a_measured_fp8_rate_the_bf16_rate_stands_in_and_the_note_says_assumed():
+    # float8 replaces bf16 matmuls: without an fp8 rate they are priced as the bf16 they
+    # replace (the fp32 rate priced a float8 plan 12x slower than its bf16 one here).
     profile = _gpu_profile()
-    costs = _matmul_costs("fp8", 10**15)
-    assert step_breakdown(costs, {0: 1, 1: 0}, Plan(), profile)["matmul"] == pytest.approx(20.0)
+    costs = _matmul_costs("fp8", 6 * 10**14)
+    assert step_breakdown(costs, {0: 1, 1: 0}, Plan(), profile)["matmul"] == pytest.approx(1.0)
     (note,) = matmul_rate_notes(costs, Plan(), profile)
-    assert "priced at the fp32 matmul rate" in note and "assumed" in note and "8.9" in note
+    assert "priced at the bf16 matmul rate" in note and "assumed" in note and "8.9" in note
+    fp32_only = _gpu_profile(matmul={"fp32": Rate(50e12)})
+    assert step_breakdown(costs, {0: 1, 1: 0}, Plan(), fp32_only)["matmul"] == pytest.approx(12.0)
+    assert "priced at the fp32 matmul rate" in matmul_rate_notes(costs, Plan(), fp32_only)[0]
     catalog = catalog_profile(resolve_device("H100-SXM"))
     (note,) = matmul_rate_notes(costs, Plan(), catalog)
     assert note.startswith("fp8 matmuls at") and "catalog figures x assumed efficiencies" in note

@@ -178,7 +178,10 @@ class DeviceProfile:
         return self.source != "catalog" and self.measured.get("kind") != CORRECTIONS_OVER_CATALOG
 
     def matmul_rate(self, dtype: str) -> Rate | None:
-        return self.matmul.get(dtype) or self.matmul.get("fp32")
+        """`dtype`'s matmul rate; where the profile has none, fp8's is bf16's (float8
+        replaces bf16 matmuls: no speed-up assumed, where fp32's would price them several
+        times slower than the bf16 they replace), any other's fp32's."""
+        return self.matmul.get(dtype) or self.matmul.get(stand_in_dtype(dtype, self.matmul))
 
     def attention_rate(self, dtype: str, head_dim: int = 0) -> Rate | None:
         """The attention rate of `dtype` at `head_dim` where calibrate measured head dims
@@ -237,6 +240,11 @@ class DeviceProfile:
                                           for dtype, rates in data.get("attention_by_head_dim", {}).items()},
                    device_to_host=Rate.from_json(back) if back else None,
                    context_bytes=int(context) if context is not None else None)
+
+
+def stand_in_dtype(dtype: str, measured) -> str:
+    """The dtype whose rate prices `dtype` where a profile has none (`measured`: its dtypes)."""
+    return "bf16" if dtype == "fp8" and "bf16" in measured else "fp32"
 
 
 def rate_at_head_dim(rates: dict[int, Rate], head_dim: int) -> Rate:
