@@ -138,7 +138,7 @@ def test_attention_rates_by_head_dim_round_trip_and_an_older_file_without_them_p
 
 
 def test_a_head_dim_between_measured_ones_is_read_in_log_head_dim_and_one_outside_takes_the_nearest():
-    from trainwise.hardware.profile import rate_at_head_dim
+    from trainwise.hardware.rate import rate_at_head_dim
 
     rates = {16: Rate(1e10, 4e-5), 64: Rate(3e10, 2e-5), 128: Rate(4e10, 1e-5)}
     assert rate_at_head_dim(rates, 32) == Rate(pytest.approx(2e10), pytest.approx(3e-5))  # halfway in log2

@@ -39,7 +39,8 @@ from trainwise.common.rates import JobRates
 from trainwise.estimator.activation_offload_time import activation_offload_seconds, offload_traffic
 from trainwise.hardware import Device
 from trainwise.hardware.peak import peak_flops_for
-from trainwise.hardware.profile import CATALOG_RATES, DeviceProfile, Rate, stand_in_dtype
+from trainwise.hardware.profile import CATALOG_RATES, DeviceProfile, Rate
+from trainwise.hardware.rate import stand_in_dtype
 from trainwise.plan.plan import Plan
 from trainwise.trace.depth import DepthFit, extrapolate_by_kind
 from trainwise.trace.op_costs import OpCosts
@@ -122,7 +123,7 @@ def compiled_host_text(profile: DeviceProfile) -> str:
 def matmul_rate_notes(costs: OpCosts, plan: Plan, profile: DeviceProfile) -> list[str]:
     """Where the matmul rates came from: an fp8 rate (--float8) measured or the catalog's,
     and any dtype the profile has no rate for, priced at a stand-in's rate instead
-    (hardware/profile.py: stand_in_dtype)."""
+    (hardware/rate.py: stand_in_dtype)."""
     dtypes = {_compute_dtype(key[3], plan) for key, values, _ in _all_rows(costs)
               if key[2] in CONTRACTIONS and values[1] > 0}
     origin = f"measured (the profile {profile.source})" if profile.rates_measured else CATALOG_RATES

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from pathlib import Path
 from trainwise.common.atomic import atomic_write_text
 from trainwise.common.errors import InputError
 from trainwise.hardware.device import Device
+from trainwise.hardware.rate import Rate, rate_at_head_dim, stand_in_dtype  # noqa: F401 - read from here too
 
 PROFILE_VERSION = 1
 # How a time predicted from a catalog profile names its rates, wherever it is shown.
@@ -71,24 +71,6 @@ COMPILED_REGION_HOST_S = {"cpu": 70e-6, "cuda": 40e-6}
 # figure vendors print (Gen3 32, Gen4 64, Gen5 128 GB/s).
 PCIE_GB_S = {3: 16.0, 4: 32.0, 5: 64.0}
 GB_S = 1e9
-
-
-@dataclass(frozen=True)
-class Rate:
-    """An op of size x takes fixed_s + x / per_s seconds."""
-
-    per_s: float
-    fixed_s: float = 0.0
-
-    def seconds(self, amount: float) -> float:
-        return self.fixed_s + amount / self.per_s if amount > 0 else 0.0
-
-    def to_json(self) -> dict:
-        return {"per_s": self.per_s, "fixed_s": self.fixed_s}
-
-    @classmethod
-    def from_json(cls, data: dict) -> "Rate":
-        return cls(float(data["per_s"]), float(data.get("fixed_s", 0.0)))
 
 
 @dataclass(frozen=True)
@@ -240,30 +222,6 @@ class DeviceProfile:
                                           for dtype, rates in data.get("attention_by_head_dim", {}).items()},
                    device_to_host=Rate.from_json(back) if back else None,
                    context_bytes=int(context) if context is not None else None)
-
-
-def stand_in_dtype(dtype: str, measured) -> str:
-    """The dtype whose rate prices `dtype` where a profile has none (`measured`: its dtypes)."""
-    return "bf16" if dtype == "fp8" and "bf16" in measured else "fp32"
-
-
-def rate_at_head_dim(rates: dict[int, Rate], head_dim: int) -> Rate:
-    """The Rate at `head_dim` from rates measured at some head dims: each term read on the
-    line between the two measured head dims around it, in log head dim (the dims measured
-    double from one to the next); outside them, the nearest one's (a kernel's rate beyond
-    the dims it was timed at is not known to keep changing)."""
-    dims = sorted(rates)
-    if head_dim in rates:
-        return rates[head_dim]
-    if head_dim < dims[0]:
-        return rates[dims[0]]
-    if head_dim > dims[-1]:
-        return rates[dims[-1]]
-    upper = next(dim for dim in dims if dim > head_dim)
-    lower = dims[dims.index(upper) - 1]
-    share = math.log(head_dim / lower) / math.log(upper / lower)
-    low, high = rates[lower], rates[upper]
-    return Rate(low.per_s + share * (high.per_s - low.per_s), low.fixed_s + share * (high.fixed_s - low.fixed_s))
 
 
 def with_measured_context(device: Device, profile: DeviceProfile | None) -> Device:
