@@ -127,7 +127,6 @@ def plan_knobs(row: dict) -> dict:
 # optimizer shards only the optimizer state: without it, the same bytes cross the links
 # once a step (an all-reduce instead of a reduce-scatter and an all-gather).
 SUBSTITUTES = {"--float8": ("fp8 -> bf16", {"float8": False, "compile": False}),
-               "--compile": ("fp8 -> bf16 (float8 runs compiled; compile refused here)", {"float8": False, "compile": False}),
                "--zero": ("ZeRO-1 -> plain data parallel", {"zero": None, "fsdp": 1})}
 
 

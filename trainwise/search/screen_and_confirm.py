@@ -76,8 +76,7 @@ def refusal_notes(cache: TraceCache) -> list[str]:
     for why, plans in by_reason.items():
         shared = {k: v for k, v in plans[0].items() if all(p.get(k) == v for p in plans[1:])}
         off_base = {k: v for k, v in shared.items() if getattr(cache.base, k, None) != v} or shared
-        flags = " ".join(f"--{k.replace('_', '-')}" if v is True else f"--{k.replace('_', '-')} {v}"
-                         for k, v in sorted(off_base.items()) if v is not False)
+        flags = " ".join(ties.flag_text(k, v) for k, v in sorted(off_base.items()) if v is not False)
         count = f"{len(plans)} plans" if len(plans) > 1 else "a plan"
         notes.append(f"{count} with {flags or 'these settings'} not searched: {why}")
     return notes

@@ -91,11 +91,18 @@ def tie_note(chosen: Candidate, faster: Candidate, error: float) -> str:
 
 
 def difference(other: Plan, mine: Plan) -> str:
-    """`other` as the flags it differs from `mine` by, e.g. '--optim adamw-fused'."""
-    mine_values, parts = mine.to_dict(), []
-    for knob, value in other.to_dict().items():
-        if mine_values.get(knob) == value:
-            continue
-        flag = "--" + knob.replace("_", "-")
-        parts.append(flag if value is True else f"no {flag}" if value is False else f"{flag} {value}")
-    return "the plan with " + (" ".join(parts) or "the same knobs")
+    """`other` as the flags it differs from `mine` by, e.g. 'the plan with --optim adamw-fused'."""
+    return "the plan with " + (" ".join(differing_flags(other, mine)) or "the same knobs")
+
+
+def differing_flags(other: Plan, mine: Plan, ignore: tuple[str, ...] = ()) -> list[str]:
+    """The flags of `other`'s knobs (but `ignore`) whose values differ from `mine`'s."""
+    mine_values = mine.to_dict()
+    return [flag_text(knob, value) for knob, value in other.to_dict().items()
+            if knob not in ignore and mine_values.get(knob) != value]
+
+
+def flag_text(knob: str, value) -> str:
+    """'--compile', 'no --compile' or '--optim adamw' for a knob's value."""
+    flag = "--" + knob.replace("_", "-")
+    return flag if value is True else f"no {flag}" if value is False else f"{flag} {value}"

@@ -14,6 +14,7 @@ import math
 from trainwise.common.units import human_bytes
 from trainwise.search.candidate import Candidate
 from trainwise.search.screen_and_confirm import Evaluator, SearchResult, candidate_of, fits, rank_key, ranking
+from trainwise.search.ties import differing_flags
 
 # Rounds of exact estimates of the alternatives that read better than the winner: each round
 # replaces them by their exact figures, and the group's next screened plan may then read better.
@@ -116,9 +117,7 @@ def why_lost(winner: Candidate, other: Candidate, usable: int | None, timed: boo
 
 def _also(winner: Candidate, other: Candidate, knob: str) -> str:
     """' (with --compile)': the other flags it differs by, where no plan differs in `knob` alone."""
-    mine, theirs = _rest(winner.plan, knob), _rest(other.plan, knob)
-    extra = [f"no --{k.replace('_', '-')}" if v is False else f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
-             for k, v in theirs.items() if mine.get(k) != v]
+    extra = differing_flags(other.plan, winner.plan, ignore=KNOB_FAMILY.get(knob, (knob,)) + BATCH_SHAPE)
     return f" (with {' '.join(extra)})" if extra else ""
 
 
