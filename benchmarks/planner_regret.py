@@ -71,10 +71,10 @@ GROUPS = (
     {"model": "tiny-t5", "seq_len": 64, "global_batch": 4},
     {"model": "tiny-mixtral", "seq_len": 64, "global_batch": 4},
 )
-# Per group the confirmed top 5 and 2 drawn from the rest, 3 repeats, 5 steps (the first a
-# warm-up, the last memory-profiled): 168 runs of 5-15 s each on a quiet 2-core machine (a
-# process start of 3-4 s, the model, the steps), with the calibration and the searches
-# about 25 min.
+# Per group the confirmed top 5 and 2 drawn from the rest, 3 repeats, at least 5 steps (the
+# first a warm-up, the last memory-profiled) and 1.5 s of timed steps: 168 runs of 5-15 s
+# each on a quiet 2-core machine (a process start of 3-4 s, the model, the steps), with the
+# calibration and the searches about 30 min.
 # --quick: one decoder and the encoder-decoder, a few plans, two repeats (a smoke run).
 QUICK_GROUPS = ("tiny-llama/s64/gb4", "tiny-t5/s64/gb4")
 TARGET_MEDIAN_REGRET, TARGET_MAX_REGRET, TARGET_SPEARMAN = 0.03, 0.10, 0.8
@@ -96,6 +96,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="fresh runs per plan")
     parser.add_argument("--steps", type=int, default=5, help="optimizer steps per run")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps at the start of each run")
+    parser.add_argument("--timed-seconds", type=float, default=1.5,
+                        help="a run times more steps than --steps gives where the plan's predicted step time leaves "
+                             "these seconds unfilled (time_model.steps_for); 0: --steps alone")
     parser.add_argument("--profile", type=Path, default=None,
                         help="a profile file to use instead of calibrating (copied into the fresh cache)")
     parser.add_argument("--rows", type=Path, default=provenance.REPO / "docs/results/rows/planner-regret-cpu.json")
@@ -104,6 +107,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.quick:
         args.groups = args.groups or ",".join(QUICK_GROUPS)
         args.top, args.random, args.repeats, args.steps = min(args.top, 2), min(args.random, 1), 2, 4
+        args.timed_seconds = 0.0
     for name in ("top", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be 1 or more (got {getattr(args, name)})")
@@ -192,22 +196,27 @@ def startup_seconds() -> float:
 def estimate_minutes(groups: list[dict], args, startup_s: float) -> float:
     """The measuring's predicted wall time: per run a start, then every step (the timed ones,
     the warm-up and the memory-profiled last one, counted as 3 steps) at its predicted time."""
-    per_repeat = sum(startup_s + (args.steps + 2) * p["predicted_s"] for g in groups for p in g["plans"])
+    from time_model import steps_for
+
+    per_repeat = sum(startup_s + (steps_for(p["predicted_s"], _runner(args)) + 2) * p["predicted_s"]
+                     for g in groups for p in g["plans"])
     return per_repeat * args.repeats / 60
 
 
 def measure(groups: list[dict], args, workdir: Path) -> None:
     """Each plan's repeats, round-robin over all plans of all groups."""
-    from time_model import CASES, measure_once
+    from time_model import measure_once, steps_for
     from trainwise.plan.plan import Plan
 
-    # time_model's default case: torch's default thread count, as the user's `trainwise train`
-    runner = argparse.Namespace(steps=args.steps, warmup=args.warmup, device="cpu", case=CASES["default"])
+    runner = _runner(args)
     rows = [(g, p) for g in groups for p in g["plans"]]
+    for _group, plan in rows:
+        plan["steps"] = steps_for(plan["predicted_s"], runner)
     started = time.perf_counter()
     for repeat in range(args.repeats):
         for number, (group, plan) in enumerate(rows):
-            row = {"name": f"{group['name']} {number}", "model": group["model"], "plan": Plan.from_dict(plan["plan"])}
+            row = {"name": f"{group['name']} {number}", "model": group["model"], "plan": Plan.from_dict(plan["plan"]),
+                   "steps": plan["steps"]}
             found = measure_once(row, runner, workdir, repeat)
             if found is None:
                 plan["errors"].append((row.get("errors") or ["no timed step"])[-1])
@@ -216,6 +225,15 @@ def measure(groups: list[dict], args, workdir: Path) -> None:
         spent = time.perf_counter() - started
         print(f"repeat {repeat + 1} of {args.repeats} done after {spent / 60:.1f} min; about "
               f"{spent / (repeat + 1) * (args.repeats - repeat - 1) / 60:.1f} min left (measured)", flush=True)
+
+
+def _runner(args) -> argparse.Namespace:
+    """time_model's run settings for these runs: its default case (torch's default thread
+    count, as the user's `trainwise train`), this script's step counts."""
+    from time_model import CASES
+
+    return argparse.Namespace(steps=args.steps, warmup=args.warmup, device="cpu", case=CASES["default"],
+                              timed_seconds=getattr(args, "timed_seconds", 0.0))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -241,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
               f"times; {startup:.1f} s per process start, measured now)", flush=True)
         measure(groups, args, Path(scratch))
     launch = {"provenance": provenance.finish(prov), "device_kind": "cpu", "profile": profile,
-              "settings": {k: getattr(args, k) for k in ("top", "random", "seed", "repeats", "steps", "warmup")},
+              "settings": {k: getattr(args, k) for k in ("top", "random", "seed", "repeats", "steps", "warmup",
+                                                         "timed_seconds")},
               "minutes": round((time.perf_counter() - started) / 60, 1), "groups": groups}
     atomic_write_text(args.rows, json.dumps({"launches": [launch]}, indent=1) + "\n")
     print(f"wrote {args.rows}")

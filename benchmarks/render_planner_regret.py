@@ -99,7 +99,7 @@ def render_page(launches: list[dict], command: str) -> str:
              "`trainwise plan MODEL --device cpu --seq-len S --global-batch B` (`trainwise.api.plan_search`, "
              f"--top {settings['top']}), then per group the pick, the other confirmed plans and {settings['random']} "
              f"drawn (seed {settings['seed']}) from the other kept plans that fit, each run by `trainwise train` in a "
-             f"fresh process at default threads: {settings['steps']} steps, the first {settings['warmup']} and the "
+             f"fresh process at default threads: {_steps_text(settings)}, the first {settings['warmup']} and the "
              "memory-profiled last one untimed, wall seconds per step (median of the timed steps), "
              f"{settings['repeats']} runs per plan taken round-robin over all plans. Measured = the median over "
              "the runs; spread = (max - min) / median. Predicted: the figure the planner ranked by (exact estimate "
@@ -130,18 +130,27 @@ def render_page(launches: list[dict], command: str) -> str:
     return provenance.page("Planner regret on cpu", prov, "\n".join(lines))
 
 
+def _steps_text(settings: dict) -> str:
+    """How many steps a run takes: --steps, or more to fill --timed-seconds of timed steps."""
+    seconds = settings.get("timed_seconds") or 0.0
+    if not seconds:
+        return f"{settings['steps']} steps"
+    return (f"at least {settings['steps']} steps, more where the plan's predicted step time leaves under "
+            f"{seconds:g} s of timed steps (the steps per run column)")
+
+
 def _group_section(group: dict, found: dict) -> list[str]:
     lines = ["", f"## {group['name']}", "",
              f"{len(group['plans'])} plans measured of {group['kept_fitting']} kept that fit; search "
              f"{group['search_s']} s (measured).", "",
              "| # | role | plan (knobs off their defaults) | predicted s/step (predicted) | measured s/step (median, "
-             "measured) | spread | runs |", "| ---: | --- | --- | ---: | ---: | ---: | ---: |"]
+             "measured) | spread | runs | steps per run |", "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for number, plan in enumerate(group["plans"], 1):
         median, spread = measured(plan)
         kind = "exact" if plan["exact"] else "composed"
         runs = f"{len(plan['repeats_s'])}" + (f", failed: {plan['errors'][-1]}" if plan["errors"] else "")
         lines.append(f"| {number} | {plan['role']} | {plan['label'] or 'defaults'} | {_seconds(plan['predicted_s'])} "
-                     f"({kind}) | {_seconds(median)} | {_pct(spread)} | {runs} |")
+                     f"({kind}) | {_seconds(median)} | {_pct(spread)} | {runs} | {plan.get('steps', '')} |")
     lines += [f"- {note}" for note in group["plans"][0]["notes"]]
     if found["misordered"]:
         lines += ["", "Misordered (predicted faster, measured slower by): " + ", ".join(

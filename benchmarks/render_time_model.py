@@ -33,11 +33,20 @@ def _clock(clock: str) -> str:
     return "wall seconds per step (`step_time_s`)"
 
 
+def _steps_text(args) -> str:
+    """How many steps a run takes: --steps, or more to fill --timed-seconds of timed steps."""
+    seconds = getattr(args, "timed_seconds", 0.0)
+    if not seconds:
+        return f"{args.steps} steps"
+    return (f"at least {args.steps} steps, more where the plan's predicted step time leaves under {seconds:g} s of "
+            "timed steps (the steps per run column)")
+
+
 def render(rows: list[dict], summary: dict, verdict: str, warnings: list[str], args, profile, seconds: float) -> str:
     lines = [f"## {args.case.what[0].upper()}{args.case.what[1:]}", "",
              f"Seconds per optimizer step on {args.device}: predicted by `trainwise.api.estimate(model, plan, "
              "profile=...).time.step_s`, measured by `trainwise train` in a fresh process "
-             f"({args.steps} steps, the first {args.warmup} and, on a CPU, the memory-profiled last one untimed; "
+             f"({_steps_text(args)}, the first {args.warmup} and, on a CPU, the memory-profiled last one untimed; "
              f"the median of the timed steps), {args.repeat} runs per plan: measured = the median over the runs, "
              "spread = (max - min) / median over the runs. Error = (predicted - measured) / measured. "
              f"Calibration rows: the {summary['calibration_model']} plans (a time model may be tuned on them); "
@@ -49,11 +58,11 @@ def render(rows: list[dict], summary: dict, verdict: str, warnings: list[str], a
     if warnings:
         lines += ["Warnings (the figures below may be off):", ""] + [f"- {w}" for w in warnings] + [""]
     lines += [f"| plan | split | predicted s (predicted) | measured {args.clock} s (median, measured) | spread | error "
-              "| wall s (median, measured) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+              "| wall s (median, measured) | steps per run |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for row in rows:
         lines.append(f"| {row['name']} | {row['split']} | {_seconds(row.get('predicted_s'))} | "
                      f"{_seconds(row.get('measured_s'))} | {_percent(row.get('spread'))} | {_error(row)} "
-                     f"| {_seconds(row.get('wall_s'))} |")
+                     f"| {_seconds(row.get('wall_s'))} | {row.get('steps', args.steps)} |")
     lines += ["", "| rows | plans | MAPE | Spearman |", "| --- | ---: | ---: | ---: |",
               _metrics("all (no correction)", summary["all"]), _metrics("calibration", summary["calibration"]),
               _metrics("held out (all)", summary["held_out"])]

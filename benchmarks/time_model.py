@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -57,6 +58,11 @@ from trainwise.common.atomic import atomic_write_text  # noqa: E402
 
 TARGET_MAPE_PCT, TARGET_SPEARMAN, MIN_PLANS = 15.0, 0.9, 12
 NOISY_SPREAD = 0.10
+# A run times enough steps to fill --timed-seconds at the plan's predicted step time: a
+# tiny model's step is ~10 ms on 2 cores, and 5 timed steps (50 ms) were one scheduler
+# hiccup from a 50-100 % spread between repeats. The cap bounds a run whose prediction is
+# far too short.
+MAX_TIMED_STEPS = 300
 CALIBRATION_MODEL = "tiny-llama"
 # A model between tiny-llama (0.2 M parameters) and gpt2 (124 M) that runs a step in a
 # fraction of a second on a small CPU: tiny-llama's family and layout, wider and deeper.
@@ -122,7 +128,8 @@ CASES = {"default": Case("default", None, "wall", "default settings: `trainwise 
                                                     "default thread count, a step in wall seconds (what a user waits for)"),
          "pinned": Case("pinned", 1, "cpu", "pinned: calibration and runs on one thread (OMP_NUM_THREADS=1), a step "
                                             "in the train process's CPU seconds (a core to itself)")}
-QUICK = {"models": f"{CALIBRATION_MODEL},small-falcon", "seq_lens": "64", "repeat": 1, "steps": 4, "warmup": 1}
+QUICK = {"models": f"{CALIBRATION_MODEL},small-falcon", "seq_lens": "64", "repeat": 1, "steps": 4, "warmup": 1,
+         "timed_seconds": 0.0}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -132,6 +139,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=3, help="fresh runs per plan (median and spread over them)")
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps per run")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps at the start of each run")
+    parser.add_argument("--timed-seconds", type=float, default=1.5,
+                        help="a run times more steps than --steps gives where the plan's predicted step time "
+                             "leaves these seconds unfilled (at most %d timed steps); 0: --steps alone" % MAX_TIMED_STEPS)
     parser.add_argument("--seq-lens", default="64,256")
     parser.add_argument("--models", default=",".join((CALIBRATION_MODEL, "small-llama", "small-gpt2", "small-qwen2",
                                                       *UNSEEN_FAMILIES)))
@@ -249,15 +259,29 @@ def missing(message: str) -> None:
     raise SystemExit(2)
 
 
+def steps_for(predicted_s: float | None, args) -> int:
+    """Optimizer steps of one run of a plan: the warm-up, the timed steps (those --steps
+    leaves, or more where the predicted step time leaves --timed-seconds unfilled, at most
+    MAX_TIMED_STEPS) and, on a CPU, the memory-profiled last one. Without a prediction
+    (--measure-only), --steps."""
+    untimed = args.warmup + (1 if args.device == "cpu" else 0)
+    timed = args.steps - untimed
+    seconds = getattr(args, "timed_seconds", 0.0)
+    if predicted_s and predicted_s > 0 and seconds > 0:
+        timed = max(timed, min(MAX_TIMED_STEPS, math.ceil(seconds / predicted_s)))
+    return untimed + timed
+
+
 def measure_once(row: dict, args, workdir: Path, index: int) -> tuple[float, float] | None:
     """(median CPU seconds, median wall seconds) of the timed steps of one fresh `trainwise
-    train` run; None on failure."""
+    train` run of row["steps"] steps (default --steps); None on failure."""
     from trainwise.bench.runner import RowJob, command
 
     slug = "".join(c if c.isalnum() else "-" for c in row["name"])
     plan_file, metrics = workdir / f"{slug}.plan.json", workdir / f"{slug}-{index}.metrics.jsonl"
     plan_file.write_text(json.dumps(row["plan"].to_dict()))
-    job = RowJob(row["name"], row["plan"], "trainwise", row["model"], args.steps, args.warmup, 0, None, workdir, 600)
+    steps = row.get("steps") or args.steps
+    job = RowJob(row["name"], row["plan"], "trainwise", row["model"], steps, args.warmup, 0, None, workdir, 600)
     argv = command(job, plan_file, metrics)
     # Each step's own line is read below (its CPU seconds are not in the summary), so this
     # script logs every step where bench rows log every few (on a CPU a read waits for nothing).
@@ -280,6 +304,7 @@ def measure(rows: list[dict], args, workdir: Path) -> None:
     plans, so a slow spell of a shared machine hits several plans once, not one plan thrice."""
     for row in rows:
         row["repeats_s"], row["repeats_wall_s"] = [], []
+        row["steps"] = steps_for(row.get("predicted_s"), args)
     for index in range(args.repeat):
         for row in rows:
             found = measure_once(row, args, workdir, index)

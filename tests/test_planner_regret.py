@@ -101,9 +101,40 @@ def test_each_plan_is_run_by_trainwise_train_at_default_threads_and_timed_in_wal
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     from trainwise.plan.plan import Plan
 
-    plan = {"plan": Plan(device="cpu", seq_len=32).to_dict(), "repeats_s": [], "errors": []}
+    plan = {"plan": Plan(device="cpu", seq_len=32).to_dict(), "predicted_s": 0.5, "repeats_s": [], "errors": []}
     groups = [{"name": "tiny-llama/s32/gb2", "model": "tiny-llama", "plans": [plan]}]
-    args = argparse.Namespace(steps=5, warmup=1, repeats=2)
+    args = argparse.Namespace(steps=5, warmup=1, repeats=2, timed_seconds=0.0)
     planner_regret.measure(groups, args, tmp_path)
     assert plan["errors"] == [] and plan["repeats_s"] == [0.5, 0.5]  # wall seconds, not CPU
     assert all("train" in argv and "OMP_NUM_THREADS" not in env for argv, env in calls) and len(calls) == 2
+    assert all(argv[argv.index("--steps") + 1] == "5" for argv, _ in calls)
+
+
+def test_a_fast_plan_times_enough_steps_to_fill_the_timed_seconds_and_a_slow_one_keeps_steps(tmp_path, monkeypatch):
+    """A 10 ms step timed 3 times is one scheduler hiccup from a 50 % spread: a run takes
+    --timed-seconds of timed steps at the plan's predicted time (capped), besides the warm-up
+    and the memory-profiled last step; a plan slower than that keeps --steps."""
+    import argparse
+    import types
+
+    import time_model
+
+    steps_asked = {}
+
+    def fake_run(argv, env=None, **kwargs):
+        steps = int(argv[argv.index("--steps") + 1])
+        steps_asked[argv[argv.index("--plan") + 1]] = steps
+        metrics = Path(argv[argv.index("--metrics") + 1])
+        metrics.write_text("".join(json.dumps({"step": i, "step_time_s": 0.01}) + "\n" for i in range(1, steps + 1)))
+        return types.SimpleNamespace(returncode=0, stderr="")
+
+    monkeypatch.setattr(time_model.subprocess, "run", fake_run)
+    from trainwise.plan.plan import Plan
+
+    fast = {"plan": Plan(device="cpu", seq_len=32).to_dict(), "predicted_s": 0.01, "repeats_s": [], "errors": []}
+    slow = {"plan": Plan(device="cpu", seq_len=64).to_dict(), "predicted_s": 2.0, "repeats_s": [], "errors": []}
+    tiny = {"plan": Plan(device="cpu", seq_len=16).to_dict(), "predicted_s": 1e-6, "repeats_s": [], "errors": []}
+    groups = [{"name": "tiny-llama/s32/gb2", "model": "tiny-llama", "plans": [fast, slow, tiny]}]
+    planner_regret.measure(groups, argparse.Namespace(steps=5, warmup=1, repeats=1, timed_seconds=1.5), tmp_path)
+    assert (fast["steps"], slow["steps"], tiny["steps"]) == (1 + 150 + 1, 5, 1 + time_model.MAX_TIMED_STEPS + 1)
+    assert sorted(steps_asked.values()) == sorted([152, 5, 2 + time_model.MAX_TIMED_STEPS])
