@@ -70,6 +70,10 @@ def test_a_cpu_profiles_step_factors_are_the_measured_ratios_held_at_one(cached_
                                                          / step["contraction"]["replayed_s"])
     assert profile.host_s_per_recomputed_op == step["recomputed"]["host_s_per_recomputed_op"]
     assert profile.host_s_per_recomputed_op >= profile.host_s_per_op > 0
+    # selective checkpointing's own figure, from its own reference step
+    assert profile.host_s_per_selective_recomputed_op == step["selective_recomputed"]["host_s_per_recomputed_op"]
+    assert profile.host_s_per_selective_recomputed_op >= profile.host_s_per_op
+    assert step["selective_recomputed"]["recomputed_ops"] > 0
     assert step["contraction"]["ops"] > 0
 
 

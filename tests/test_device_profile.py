@@ -110,14 +110,18 @@ def test_the_transcendental_rate_and_non_matmul_factor_round_trip_and_older_file
 
 def test_the_step_factors_optimizer_rate_and_recompute_host_round_trip_and_older_files_read_without_them(tmp_path):
     profile = DeviceProfile("cpu", "cpu", "test", {"fp32": Rate(1e10)}, {}, Rate(1e9), 1e-5,
-                            step_contraction_factor=1.3, optimizer=Rate(2e9, 3e-6), host_s_per_recomputed_op=3e-5)
+                            step_contraction_factor=1.3, optimizer=Rate(2e9, 3e-6), host_s_per_recomputed_op=3e-5,
+                            host_s_per_selective_recomputed_op=7e-5)
     again = read_profile(write_profile(profile, tmp_path / "new.json"))
     assert (again.step_contraction_factor, again.optimizer, again.host_s_per_recomputed_op) == (1.3, Rate(2e9, 3e-6), 3e-5)
+    assert again.host_s_per_selective_recomputed_op == 7e-5
     older = json.loads((tmp_path / "new.json").read_text())
     del older["step_contraction_factor"], older["optimizer"], older["host_s_per_recomputed_op"]
+    del older["host_s_per_selective_recomputed_op"]
     (tmp_path / "old.json").write_text(json.dumps(older))
     old = read_profile(tmp_path / "old.json")
     assert (old.step_contraction_factor, old.optimizer, old.host_s_per_recomputed_op) == (1.0, None, None)
+    assert old.host_s_per_selective_recomputed_op is None
 
 
 def test_attention_rates_by_head_dim_round_trip_and_an_older_file_without_them_prices_every_head_dim_at_one_rate(

@@ -230,6 +230,21 @@ def test_an_op_recomputed_by_checkpointing_costs_the_host_its_own_measured_time(
     assert own["host_overhead"] == pytest.approx(10 * 1e-5 + (10 + 8 / 4) * 4e-5)  # views a quarter, as ever
 
 
+def test_an_op_recomputed_under_the_selective_policy_costs_the_host_that_policys_measured_time():
+    """Selective checkpointing's policy runs in Python for every op of the block, so its
+    recomputed ops carry their own measured host time; full checkpointing keeps its own."""
+    costs = OpCosts({("forward", 0, "elementwise", "fp32", False, 0): [10, 0, 0, 0],
+                     ("backward", 0, "elementwise", "fp32", True, 0): [10, 0, 0, 0]})
+    profile = dataclasses.replace(PROFILE, host_s_per_recomputed_op=4e-5, host_s_per_selective_recomputed_op=9e-5)
+    full = step_breakdown(costs, {0: 1, 1: 0}, _plan(grad_ckpt=True), profile)
+    selective = step_breakdown(costs, {0: 1, 1: 0}, _plan(grad_ckpt=True, grad_ckpt_policy="selective"), profile)
+    older = step_breakdown(costs, {0: 1, 1: 0}, _plan(grad_ckpt=True, grad_ckpt_policy="selective"),
+                           dataclasses.replace(profile, host_s_per_selective_recomputed_op=None))
+    assert full["host_overhead"] == pytest.approx(10 * 1e-5 + 10 * 4e-5)
+    assert selective["host_overhead"] == pytest.approx(10 * 1e-5 + 10 * 9e-5)
+    assert older["host_overhead"] == pytest.approx(full["host_overhead"])  # an older profile: full's figure
+
+
 def test_transcendental_ops_are_elementwise_work_at_the_profiles_own_rate_else_the_memory_rate():
     costs = OpCosts({("forward", 0, "transcendental", "fp32", False, 0): [2, 0, 600_000, 400_000]})
     at_memory = step_breakdown(costs, {0: 1, 1: 0}, _plan(), PROFILE)

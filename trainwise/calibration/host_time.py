@@ -23,6 +23,11 @@ over-predicting attention-heavy plans, under-predicting optimizer- and matmul-he
 A third step, the small one with activation checkpointing, prices the host time of a
 recomputed op (its dispatch, the checkpoint's saved-tensor hooks, the block's Python run
 again): on the CPU 2-4x a plain op's, which the recomputed ops alone missed by 20-40 %.
+A fourth, the small one with selective checkpointing, prices the same under that policy:
+its policy runs in Python for every op of a checkpointed block, forward and recompute
+(torch.utils.checkpoint's selective dispatch mode), so on a small model its step ran
+slower than full checkpointing's while the time model, pricing it like full's recompute
+host, predicted it faster.
 
 The step's time is wall time at the process's thread count, as `trainwise train` times a
 step (timing.py: Synchronizer)."""
@@ -66,13 +71,17 @@ def measure_training_host(device: torch.device, measured: DeviceProfile, setting
                        "fixed_s": fixed_s, "ops": ops, "spread": spread})
     host, factor = host_and_factor(*points, least_host_s=measured.host_s_per_op)
     fitted = dataclasses.replace(measured, host_s_per_op=host, step_non_matmul_factor=factor)
-    recomputed = _recomputed_op_host(device, fitted, settings)
+    recomputed = _recomputed_op_host(device, fitted, settings, "full")
     fitted = dataclasses.replace(fitted, host_s_per_recomputed_op=recomputed["host_s_per_recomputed_op"])
+    selective = _recomputed_op_host(device, fitted, settings, "selective")
+    fitted = dataclasses.replace(fitted, host_s_per_selective_recomputed_op=selective["host_s_per_recomputed_op"])
     return fitted, {"what": f"{REFERENCE_MODEL} trained (forward, backward, clipping, AdamW, zero_grad)"
                                   " at two sizes; step = predicted matmuls and attention (x the contraction factor)"
                                   " and optimizer + factor x the other predicted arithmetic + host x ops (views a"
-                                  " quarter); the small one again with checkpointing for a recomputed op's host time",
-                    "steps": points, "recomputed": recomputed, "contraction": replayed}
+                                  " quarter); the small one again with full, then selective checkpointing for a"
+                                  " recomputed op's host time under each policy",
+                    "steps": points, "recomputed": recomputed, "selective_recomputed": selective,
+                    "contraction": replayed}
 
 
 def _steps(settings: Settings, size: tuple[int, int]) -> int:
@@ -80,15 +89,19 @@ def _steps(settings: Settings, size: tuple[int, int]) -> int:
     return (20 if settings.quick else 60) * (3 if size == HOST_BOUND else 1)
 
 
-def _recomputed_op_host(device: torch.device, fitted: DeviceProfile, settings: Settings) -> dict:
-    """The host seconds of an op that checkpointing recomputes: the small reference step
-    with checkpointing, less its prediction with recomputed ops' host time at 0, over the
-    recomputed ops (views a quarter); at least a plain op's."""
+def _recomputed_op_host(device: torch.device, fitted: DeviceProfile, settings: Settings, policy: str) -> dict:
+    """The host seconds of an op that checkpointing under `policy` recomputes: the small
+    reference step with that checkpointing, less its prediction with recomputed ops' host
+    time at 0, over the recomputed ops (views a quarter); at least a plain op's. Under the
+    selective policy this also carries the policy's Python dispatch of the block's forward
+    ops (as many per block as it recomputes, and the kept matmuls), which is why it is
+    measured apart."""
     from trainwise.plan.plan import Plan
 
-    plan = Plan(batch_size=HOST_BOUND[0], seq_len=HOST_BOUND[1], device="cpu", grad_ckpt=True)
-    free_host, unit_host = (_predicted_step(plan, dataclasses.replace(fitted, host_s_per_recomputed_op=h))
-                            for h in (0.0, 1.0))
+    plan = Plan(batch_size=HOST_BOUND[0], seq_len=HOST_BOUND[1], device="cpu", grad_ckpt=True,
+                grad_ckpt_policy=policy)
+    field = "host_s_per_selective_recomputed_op" if policy == "selective" else "host_s_per_recomputed_op"
+    free_host, unit_host = (_predicted_step(plan, dataclasses.replace(fitted, **{field: h})) for h in (0.0, 1.0))
     step_s, spread = time_training_steps(device, plan, steps=_steps(settings, HOST_BOUND))
     ops = unit_host - free_host
     host = max((step_s - free_host) / ops if ops > 0 else 0.0, fitted.host_s_per_op)

@@ -26,6 +26,9 @@ def rate_rows(profile) -> list[tuple[str, str, str]]:
         rows.append(("host per op in a training step", "-", _micro(profile.host_s_per_op)))
         if profile.host_s_per_recomputed_op is not None:
             rows.append(("host per op recomputed by checkpointing", "-", _micro(profile.host_s_per_recomputed_op)))
+        if profile.host_s_per_selective_recomputed_op is not None:
+            rows.append(("host per op recomputed by selective checkpointing", "-",
+                         _micro(profile.host_s_per_selective_recomputed_op)))
         rows.append((f"training step vs the rates above: matmul and attention x "
                      f"{profile.step_compute_factor * profile.step_contraction_factor:.2f}, other work but the "
                      f"optimizer x {profile.step_compute_factor * profile.step_non_matmul_factor:.2f}", "-", "-"))

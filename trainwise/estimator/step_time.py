@@ -17,7 +17,8 @@ slower); the optimizer's measured rate already is a real step's. The host dispat
 op (`host_s_per_op`, on the CPU measured in a training step; views and other kernel-less
 ops a quarter of that; an op recomputed by activation checkpointing
 `host_s_per_recomputed_op`, which adds the checkpoint's saved-tensor hooks and the
-block's Python run twice).
+block's Python run twice; under the selective policy `host_s_per_selective_recomputed_op`,
+which adds the policy's Python dispatch of every op of the block, forward and recompute).
 
 * On the CPU, host and compute run on the same cores one after the other: the step is
   their sum.
@@ -185,7 +186,8 @@ def step_breakdown(costs: OpCosts, weights: dict[int, int], plan: Plan, profile:
         if compiled:
             host = values[0] * _compiled_host_s(op_class, profile)
         else:
-            host = values[0] * _host_s_per_op(recomputed, profile) * (METADATA_HOST_SHARE if op_class == "metadata" else 1.0)
+            host = (values[0] * _host_s_per_op(recomputed, plan, profile)
+                    * (METADATA_HOST_SHARE if op_class == "metadata" else 1.0))
         group = (OVERLAP_GROUPS.get(phase, phase), micro)
         device_by_group[group] = device_by_group.get(group, 0.0) + seconds * times
         host_by_group[group] = host_by_group.get(group, 0.0) + host * times
@@ -229,7 +231,9 @@ def _step_factor(phase: str, op_class: str, profile: DeviceProfile) -> float:
     return profile.step_compute_factor * profile.step_non_matmul_factor
 
 
-def _host_s_per_op(recomputed: bool, profile: DeviceProfile) -> float:
+def _host_s_per_op(recomputed: bool, plan: Plan, profile: DeviceProfile) -> float:
+    if recomputed and plan.grad_ckpt_policy == "selective" and profile.host_s_per_selective_recomputed_op is not None:
+        return profile.host_s_per_selective_recomputed_op
     if recomputed and profile.host_s_per_recomputed_op is not None:
         return profile.host_s_per_recomputed_op
     return profile.host_s_per_op

@@ -119,6 +119,11 @@ class DeviceProfile:
     # the checkpoint's saved-tensor hooks and the block's Python run again, measured by
     # calibrate on the CPU. None: host_s_per_op.
     host_s_per_recomputed_op: float | None = None
+    # The same under --grad-ckpt-policy selective, whose policy runs in Python for every op
+    # of a checkpointed block, in forward and again in recompute (torch's selective
+    # checkpoint dispatch mode): that host time, lumped onto the recomputed ops, measured
+    # by calibrate on the CPU. None: host_s_per_recomputed_op.
+    host_s_per_selective_recomputed_op: float | None = None
     # Host seconds per kernel a compiled region launches and per call into one (see
     # COMPILED_*_HOST_S); None: the figures above for the device's kind.
     host_s_per_compiled_kernel: float | None = None
@@ -188,6 +193,7 @@ class DeviceProfile:
                 "step_contraction_factor": self.step_contraction_factor,
                 "optimizer": self.optimizer.to_json() if self.optimizer else None,
                 "host_s_per_recomputed_op": self.host_s_per_recomputed_op,
+                "host_s_per_selective_recomputed_op": self.host_s_per_selective_recomputed_op,
                 "host_s_per_compiled_kernel": self.host_s_per_compiled_kernel,
                 "host_s_per_compiled_region": self.host_s_per_compiled_region,
                 "attention_by_head_dim": {dtype: {str(dim): rate.to_json() for dim, rate in rates.items()}
@@ -201,6 +207,7 @@ class DeviceProfile:
         recomputed, random = data.get("host_s_per_recomputed_op"), data.get("random")
         kernel, region = data.get("host_s_per_compiled_kernel"), data.get("host_s_per_compiled_region")
         back, context = data.get("device_to_host"), data.get("context_bytes")
+        selective = data.get("host_s_per_selective_recomputed_op")
         return cls(device_name=str(data["device_name"]), kind=str(data["kind"]), source=source,
                    matmul={k: Rate.from_json(v) for k, v in data["matmul"].items()},
                    attention={k: Rate.from_json(v) for k, v in data.get("attention", {}).items()},
@@ -216,6 +223,7 @@ class DeviceProfile:
                    step_contraction_factor=float(data.get("step_contraction_factor", 1.0)),
                    optimizer=Rate.from_json(optimizer) if optimizer else None,
                    host_s_per_recomputed_op=float(recomputed) if recomputed is not None else None,
+                   host_s_per_selective_recomputed_op=float(selective) if selective is not None else None,
                    host_s_per_compiled_kernel=float(kernel) if kernel is not None else None,
                    host_s_per_compiled_region=float(region) if region is not None else None,
                    attention_by_head_dim={dtype: {int(dim): Rate.from_json(rate) for dim, rate in rates.items()}
