@@ -1,7 +1,8 @@
 """Where a real CPU step spends its time, next to where the step-time model says it does.
 
     OMP_NUM_THREADS=1 python benchmarks/time_breakdown.py tiny-llama --profile cpu.json \
-        --batch-size 4 --seq-len 64 [--grad-accum 4] [--grad-ckpt] [--optim adafactor]
+        --batch-size 4 --seq-len 64 [--grad-accum 4] [--grad-ckpt [--grad-ckpt-policy selective]]
+        [--optim adafactor] [--loss fused]
 
 A diagnostic, not a results page: it trains the plan in this process for a few steps,
 runs torch.profiler over the last ones, and adds the profiler's self CPU time of every
@@ -31,6 +32,8 @@ def parse_args(argv):
     parser.add_argument("--grad-accum", type=int, default=1)
     parser.add_argument("--grad-ckpt", action="store_true")
     parser.add_argument("--optim", default="adamw")
+    parser.add_argument("--loss", default="default", help="default or fused (the chunked linear cross-entropy)")
+    parser.add_argument("--grad-ckpt-policy", default="full", help="full or selective (with --grad-ckpt)")
     parser.add_argument("--steps", type=int, default=3, help="profiled steps (after 3 warm-up steps)")
     return parser.parse_args(argv)
 
@@ -82,7 +85,8 @@ def main(argv=None) -> int:
     from trainwise.plan.plan import Plan
 
     plan = Plan(batch_size=args.batch_size, seq_len=args.seq_len, grad_accum=args.grad_accum,
-                grad_ckpt=args.grad_ckpt, optim=args.optim, device="cpu")
+                grad_ckpt=args.grad_ckpt, grad_ckpt_policy=args.grad_ckpt_policy, optim=args.optim, loss=args.loss,
+                device="cpu")
     predicted = estimate(args.model, plan, profile=read_profile(args.profile)).time
     measured, wall = measure(args.model, plan, args.steps)
     print(f"predicted step {predicted.step_s * 1e3:.1f} ms; measured wall {wall * 1e3:.1f} ms per step (profiled)")
