@@ -153,3 +153,26 @@ def test_a_head_dim_between_measured_ones_is_read_in_log_head_dim_and_one_outsid
                             attention_by_head_dim={"fp32": rates})
     assert profile.attention_rate("fp32", 0) == rates[64]  # head dim unknown: the one rate
     assert profile.attention_rate("fp16", 16) == Rate(1e11)  # a dtype not measured: as before, the matmul rate
+
+
+def test_element_wise_rates_by_dtype_round_trip_and_an_older_file_prices_every_dtype_at_the_fp32_rates(tmp_path):
+    bf16 = {"memory": {"bf16": Rate(5e8, 2e-6)}, "transcendental": {"bf16": Rate(5e7)}, "random": {"bf16": Rate(5e6)}}
+    profile = DeviceProfile("cpu", "cpu", "test", {"fp32": Rate(1e10)}, {}, Rate(1e9), 1e-5,
+                            transcendental=Rate(1e8), byte_rates_by_dtype=bf16)
+    again = read_profile(write_profile(profile, tmp_path / "new.json"))
+    assert again.byte_rates_by_dtype == bf16
+    assert [again.byte_rate(kind, "bf16") for kind in ("memory", "transcendental", "random")] == [
+        Rate(5e8, 2e-6), Rate(5e7), Rate(5e6)]
+    assert again.byte_rate("memory", "fp32") == again.byte_rate("memory", "int64") == Rate(1e9)
+    older = json.loads((tmp_path / "new.json").read_text())
+    del older["byte_rates_by_dtype"]
+    (tmp_path / "old.json").write_text(json.dumps(older))
+    old = read_profile(tmp_path / "old.json")
+    assert old.byte_rates_by_dtype == {}
+    assert old.byte_rate("memory", "bf16") == Rate(1e9) and old.byte_rate("transcendental", "bf16") == Rate(1e8)
+    assert old.byte_rate("random", "bf16") == Rate(1e9)  # no random rate at all: the memory rate, as before
+    with pytest.raises(ValueError, match="one of"):
+        old.byte_rate("optimizer", "bf16")
+    # A GPU's element-wise kernels move bytes at one DRAM bandwidth whatever the dtype.
+    h100 = catalog_profile(resolve_device("H100"))
+    assert h100.byte_rates_by_dtype == {} and h100.byte_rate("memory", "bf16") == h100.memory

@@ -3,7 +3,9 @@
 Every rate is a latency-bandwidth pair (`Rate`): an op of size x takes
 `fixed_s + x / per_s` seconds. For a matmul x is its FLOPs, for element-wise work the
 bytes it reads and writes, for a collective the bytes each rank sends. The fixed term is
-what makes small ops slower than the peak suggests, without a table per shape.
+what makes small ops slower than the peak suggests, without a table per shape. Matmul and
+attention rates are per dtype; so are the element-wise ones (`byte_rate`) where calibrate
+measured them: a CPU core takes about as long per element in bf16 as in fp32.
 
 A profile comes from one of two places, and says which in `source`:
 * "catalog": a catalog GPU's vendor figures times the efficiency factors below (what
@@ -33,6 +35,8 @@ PROFILE_VERSION = 1
 # How a time predicted from a catalog profile names its rates, wherever it is shown.
 CATALOG_RATES = "catalog figures x assumed efficiencies"
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+# The rates on bytes read + written that `byte_rate` reads per dtype (the fields of those names).
+BYTE_KINDS = ("memory", "transcendental", "random")
 # measured["kind"] of a cache file holding catalog figures plus the corrections `plan
 # --verify` measured (trainwise/search/corrections.py): its rates were not measured.
 CORRECTIONS_OVER_CATALOG = "corrections over catalog"
@@ -83,7 +87,7 @@ class DeviceProfile:
     source: str  # "catalog" or the profile file's path
     matmul: dict[str, Rate]  # FLOPs
     attention: dict[str, Rate]  # FLOPs of the attention kernels (forward and backward)
-    memory: Rate  # bytes read + written by element-wise, normalisation and optimizer ops
+    memory: Rate  # bytes read + written by fp32 element-wise, normalisation and optimizer ops
     host_s_per_op: float  # host time to dispatch one eager op
     collectives: dict[str, Rate] = field(default_factory=dict)  # bytes per rank, inside a node
     host_to_device: Rate | None = None  # bytes, pinned host to device (offload); None on the CPU
@@ -142,6 +146,11 @@ class DeviceProfile:
     # context and the kernel images a step loads), measured by calibrate on a GPU after its
     # matmuls, attention and optimizer ran. None: the estimate of hardware/cuda_overheads.py.
     context_bytes: int | None = None
+    # The element-wise rates (BYTE_KINDS: memory, transcendental, random) of dtypes other
+    # than fp32, kind -> dtype -> Rate, measured by calibrate: a CPU core spends about as
+    # long per element on bf16 as on fp32, so it moves fewer bytes a second. Read by
+    # `byte_rate`. Empty (catalog, older files): the fp32 fields above for every dtype.
+    byte_rates_by_dtype: dict[str, dict[str, Rate]] = field(default_factory=dict)
 
     @property
     def compiled_kernel_host_s(self) -> float:
@@ -178,6 +187,13 @@ class DeviceProfile:
             return rate_at_head_dim(by_head_dim, head_dim)
         return self.attention.get(dtype) or self.matmul_rate(dtype)
 
+    def byte_rate(self, kind: str, dtype: str) -> Rate:
+        """The rate of `kind` (BYTE_KINDS) on bytes of `dtype`: its own where calibrate
+        measured one, else the fp32 field's (transcendental and random without one: memory's)."""
+        if kind not in BYTE_KINDS:
+            raise ValueError(f"kind {kind!r}: one of {BYTE_KINDS}")
+        return self.byte_rates_by_dtype.get(kind, {}).get(dtype) or getattr(self, kind) or self.memory
+
     def to_json(self) -> dict:
         return {"version": PROFILE_VERSION, "device_name": self.device_name, "kind": self.kind,
                 "matmul": {k: r.to_json() for k, r in self.matmul.items()},
@@ -199,7 +215,9 @@ class DeviceProfile:
                 "attention_by_head_dim": {dtype: {str(dim): rate.to_json() for dim, rate in rates.items()}
                                           for dtype, rates in self.attention_by_head_dim.items()},
                 "device_to_host": self.device_to_host.to_json() if self.device_to_host else None,
-                "context_bytes": self.context_bytes}
+                "context_bytes": self.context_bytes,
+                "byte_rates_by_dtype": {kind: {dtype: rate.to_json() for dtype, rate in rates.items()}
+                                        for kind, rates in self.byte_rates_by_dtype.items()}}
 
     @classmethod
     def from_json(cls, data: dict, source: str) -> "DeviceProfile":
@@ -229,7 +247,9 @@ class DeviceProfile:
                    attention_by_head_dim={dtype: {int(dim): Rate.from_json(rate) for dim, rate in rates.items()}
                                           for dtype, rates in data.get("attention_by_head_dim", {}).items()},
                    device_to_host=Rate.from_json(back) if back else None,
-                   context_bytes=int(context) if context is not None else None)
+                   context_bytes=int(context) if context is not None else None,
+                   byte_rates_by_dtype={kind: {dtype: Rate.from_json(rate) for dtype, rate in rates.items()}
+                                        for kind, rates in data.get("byte_rates_by_dtype", {}).items()})
 
 
 def with_measured_context(device: Device, profile: DeviceProfile | None) -> Device:
@@ -255,6 +275,8 @@ def catalog_profile(device: Device) -> DeviceProfile | None:
         link = Rate(gpu.interconnect / 2 * NVLINK_EFFICIENCY, COLLECTIVE_LATENCY_S)
         collectives = {name: link for name in COLLECTIVES}
     pcie = PCIE_GB_S.get(gpu.pcie_gen)
+    # One DRAM bandwidth for element-wise work of every dtype (no byte_rates_by_dtype): a
+    # GPU's element-wise kernels are bound by the bytes they move, whatever their dtype.
     return DeviceProfile(device_name=gpu.name, kind="cuda", source="catalog", matmul=matmul,
                          attention=attention, memory=Rate(gpu.memory_bandwidth * BANDWIDTH_EFFICIENCY, KERNEL_FIXED_S),
                          host_s_per_op=EAGER_HOST_S_PER_OP, collectives=collectives,
