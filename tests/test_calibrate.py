@@ -114,6 +114,53 @@ def test_dropouts_random_numbers_are_measured_and_cost_a_cpu_more_per_byte_than_
     assert profile.random.per_s < profile.memory.per_s / 4
 
 
+def test_the_element_wise_rates_are_measured_in_bf16_too_where_the_cpu_runs_it(cached_profile):
+    """A CPU core spends about as long per element on bf16 as on fp32: its byte rates are
+    its own, measured on bf16 tensors, bytes counted at 2 per element."""
+    profile = read_profile(cached_profile)
+    dtypes = ["bf16"] if "bf16" in profile.matmul else []
+    for kind in ("memory", "transcendental", "random"):
+        assert list(profile.byte_rates_by_dtype.get(kind, {})) == dtypes, kind
+        for dtype in dtypes:
+            rate = profile.byte_rates_by_dtype[kind][dtype]
+            assert _finite_positive(rate.per_s) and math.isfinite(rate.fixed_s) and rate.fixed_s >= 0
+            assert profile.measured["points"][f"{kind} {dtype}"] and f"{kind} {dtype}" in profile.measured["spread"]
+
+
+def test_calibrate_measures_the_element_wise_rates_in_each_dtype_the_device_runs_but_tf32_and_fp8(monkeypatch):
+    """fp32 into the profile's own fields, bf16 and fp16 (a GPU's list) into
+    byte_rates_by_dtype; not tf32 (a matmul mode) nor fp8. Faked measurements: fast."""
+    from trainwise.api import calibrate
+    from trainwise.calibration import compute, memory
+    from trainwise.calibration.timing import QUICK, Fit
+    from trainwise.hardware.profile import Rate
+
+    asked = []
+
+    def measure(kind, per_s):
+        def fake(device, settings, dtype="fp32"):
+            asked.append((kind, dtype))
+            return Fit(Rate(per_s / memory.DTYPES[dtype].itemsize), [(1.0, 1e-6)], 0.0)
+        return fake
+
+    monkeypatch.setattr(compute, "dtypes_to_measure", lambda device: ["fp32", "tf32", "bf16", "fp16", "fp8"])
+    monkeypatch.setattr(compute, "measure_matmul", lambda *a, **k: Fit(Rate(1e10), [(1.0, 1e-6)], 0.0))
+    monkeypatch.setattr(compute, "measure_attention",
+                        lambda *a, **k: dict.fromkeys(compute.HEAD_DIMS, Fit(Rate(1e10), [(1.0, 1e-6)], 0.0)))
+    for name, per_s in (("memory", 8e9), ("transcendental", 4e9), ("random", 2e9)):
+        monkeypatch.setattr(memory, f"measure_{name}", measure(name, per_s))
+    monkeypatch.setattr(memory, "measure_optimizer", lambda *a, **k: Fit(Rate(1e9), [(1.0, 1e-6)], 0.0))
+    monkeypatch.setattr(memory, "measure_host_overhead", lambda *a, **k: (5e-6, 0.0))
+    rates, spreads, _ = calibrate._measure_one_device(torch.device("cpu"), QUICK)
+    assert sorted(asked) == sorted((kind, dtype) for kind in ("memory", "transcendental", "random")
+                                   for dtype in ("fp32", "bf16", "fp16"))
+    assert (rates["memory"], rates["transcendental"], rates["random"]) == (Rate(2e9), Rate(1e9), Rate(5e8))
+    assert rates["byte_rates_by_dtype"] == {kind: {"bf16": Rate(per_s / 2), "fp16": Rate(per_s / 2)}
+                                            for kind, per_s in (("memory", 8e9), ("transcendental", 4e9),
+                                                                ("random", 2e9))}
+    assert "memory bf16" in spreads and "random fp16" in spreads
+
+
 def test_a_large_fp32_matmul_does_more_flops_per_second_than_a_tiny_one(cached_profile):
     points = read_profile(cached_profile).measured["points"]["matmul fp32"]
     (tiny_flops, tiny_s), (large_flops, large_s) = min(points), max(points)
@@ -168,3 +215,16 @@ def test_nproc_2_records_the_four_collectives_between_two_gloo_processes(tmp_pat
     assert set(profile.collectives) == set(COLLECTIVES)
     assert all(_finite_positive(rate.per_s) for rate in profile.collectives.values())
     assert profile.measured["nproc"] == 2 and profile.measured["collectives"]["backend"] == "gloo"
+
+
+def test_the_calibrate_table_shows_each_element_wise_rate_by_dtype():
+    from trainwise.cli.render_calibrate import rate_rows
+    from trainwise.hardware.profile import DeviceProfile, Rate
+
+    profile = DeviceProfile("cpu", "cpu", "test", {"fp32": Rate(1e11)}, {}, Rate(1e11), 1e-5, random=Rate(2e9),
+                            byte_rates_by_dtype={"memory": {"bf16": Rate(5e10, 2e-6)}, "random": {"bf16": Rate(1e9)}})
+    shown = {what: (throughput, fixed) for what, throughput, fixed in rate_rows(profile) if "bytes read" in what}
+    assert shown == {"memory fp32 (bytes read + written)": ("100 GB/s", "0 µs"),
+                     "memory bf16 (bytes read + written)": ("50 GB/s", "2 µs"),
+                     "random numbers, dropout's mask fp32 (bytes read + written)": ("2 GB/s", "0 µs"),
+                     "random numbers, dropout's mask bf16 (bytes read + written)": ("1 GB/s", "0 µs")}

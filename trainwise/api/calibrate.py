@@ -3,7 +3,8 @@
 What is measured (trainwise/calibration/), each fitted to a Rate
 (`fixed_s + size / per_s`): matmul throughput per dtype the device runs, attention
 (SDPA forward and backward, at head dims 16 to 128), element-wise memory bandwidth,
-transcendental element-wise ops, drawing random numbers (dropout's mask), the eager
+transcendental element-wise ops, drawing random numbers (dropout's mask), these three in
+fp32 and in each other element-wise dtype the device runs (bf16; fp16 on a GPU), the eager
 per-op host cost, the AdamW step, the host time per kernel and per region call under
 torch.compile (not under `quick`: it compiles), on a GPU the fp8 matmul (compute
 capability 8.9+), copies between pinned host memory and the device both ways, and the
@@ -105,7 +106,7 @@ def calibrate(device: str = "cpu", out: str | Path | None = None, nproc: int = 1
                             host_to_device=rates.get("host_to_device"), measured=measured,
                             transcendental=rates["transcendental"], random=rates["random"],
                             optimizer=rates["optimizer"], attention_by_head_dim=rates["attention_by_head_dim"],
-                            device_to_host=rates.get("device_to_host"))
+                            device_to_host=rates.get("device_to_host"), byte_rates_by_dtype=rates["byte_rates_by_dtype"])
     if target.kind == "cpu":
         profile = _with_training_host(profile, torch_device, settings, spreads)
     # The context before the compiled chains: an eager step loads no Triton kernels.
@@ -123,7 +124,7 @@ def _measure_one_device(device, settings) -> tuple[dict, dict, dict]:
     from trainwise.calibration import compute
     from trainwise.calibration import memory
 
-    rates: dict = {"matmul": {}, "attention": {}, "attention_by_head_dim": {}}
+    rates: dict = {"matmul": {}, "attention": {}, "attention_by_head_dim": {}, "byte_rates_by_dtype": {}}
     spreads: dict[str, float] = {}
     points: dict[str, list] = {}
 
@@ -142,9 +143,17 @@ def _measure_one_device(device, settings) -> tuple[dict, dict, dict]:
             rates["attention_by_head_dim"][dtype] = {
                 head_dim: rates["attention"][dtype] if head_dim == reference
                 else keep(f"attention {dtype} head dim {head_dim}", found) for head_dim, found in fits.items()}
-    rates["memory"] = keep("memory", memory.measure_memory(device, settings))
-    rates["transcendental"] = keep("transcendental", memory.measure_transcendental(device, settings))
-    rates["random"] = keep("random", memory.measure_random(device, settings))
+    byte_measures = {"memory": memory.measure_memory, "transcendental": memory.measure_transcendental,
+                     "random": memory.measure_random}
+    for kind, measure in byte_measures.items():
+        rates[kind] = keep(kind, measure(device, settings))
+    # The element-wise dtypes other than fp32 the device runs: a CPU core takes about as long
+    # per element in bf16 as in fp32, so their byte rates differ. Not tf32 (a matmul mode)
+    # nor fp8 (--float8's casts, on a GPU, whose element-wise kernels are bound by bytes).
+    for dtype in (d for d in compute.dtypes_to_measure(device) if d in memory.DTYPES and d != "fp32"):
+        for kind, measure in byte_measures.items():
+            rates["byte_rates_by_dtype"].setdefault(kind, {})[dtype] = keep(f"{kind} {dtype}",
+                                                                             measure(device, settings, dtype))
     rates["host_s_per_op"], spreads["host per op"] = memory.measure_host_overhead(device, settings)
     optimizer = memory.measure_optimizer(device, settings)
     rates["optimizer"] = keep("optimizer step", optimizer)

@@ -1,8 +1,10 @@
 """Calibration of memory-bound work: element-wise bandwidth, the eager per-op cost, the
 optimizer step and copies between pinned host memory and a GPU, both directions.
 
-Sizes are bytes read plus bytes written (an fp32 `a + b` of n elements moves 12 n bytes),
-the quantity the trace counts for element-wise and normalisation ops."""
+Sizes are bytes read plus bytes written (an fp32 `a + b` of n elements moves 12 n bytes, a
+bf16 one 6 n), the quantity the trace counts for element-wise and normalisation ops. The
+element-wise rates are measured per dtype: a CPU core spends about as long per element on
+bf16 as on fp32, so where the data fits in cache bf16 moves fewer bytes per second."""
 
 from __future__ import annotations
 
@@ -13,47 +15,54 @@ import torch
 from trainwise.calibration.timing import Fit, Settings, fit, measure_sizes, synchronizer, time_call
 from trainwise.hardware.profile import Rate
 
-FP32_BYTES = 4
 HOST_OP_CALLS = 200  # tiny ops per sample of the per-op cost
+# The element-wise dtypes a profile may hold rates for (trainwise/hardware/profile.py:
+# byte_rate), by the names of trainwise/trace/op_costs.py.
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _element_counts(device: torch.device, settings: Settings) -> list[int]:
+def _element_counts(device: torch.device, settings: Settings, dtype: str) -> list[int]:
+    """Elements per tensor: fp32 (the profile's own rates, which the training step's factors
+    are fitted against) over every size, any other dtype over every other one from the
+    smallest, which keeps calibrate's added time small (the largest sizes take longest)."""
     if device.type == "cuda":
-        return [2**p for p in range(16, 29, 2)]
-    return [2**p for p in (range(12, 19, 3) if settings.quick else range(14, 25, 2))]
+        counts = [2**p for p in range(16, 29, 2)]
+    else:
+        counts = [2**p for p in (range(12, 19, 3) if settings.quick else range(14, 25, 2))]
+    return counts if dtype == "fp32" else counts[::2]
 
 
-def measure_memory(device: torch.device, settings: Settings) -> Fit:
-    """The memory Rate (bytes read + written) of fp32 add, scale and copy over sizes."""
-    sync, cases = synchronizer(device), []
-    for n in _element_counts(device, settings):
-        cases.append((3 * n * FP32_BYTES, _binary(n, device, lambda a, b, out: torch.add(a, b, out=out))))
-        cases.append((2 * n * FP32_BYTES, _binary(n, device, lambda a, b, out: torch.mul(a, 0.5, out=out))))
-        cases.append((2 * n * FP32_BYTES, _binary(n, device, lambda a, b, out: out.copy_(a))))
+def measure_memory(device: torch.device, settings: Settings, dtype: str = "fp32") -> Fit:
+    """The memory Rate (bytes read + written) of `dtype` add, scale and copy over sizes."""
+    sync, cases, size = synchronizer(device), [], DTYPES[dtype].itemsize
+    for n in _element_counts(device, settings, dtype):
+        cases.append((3 * n * size, _binary(n, device, dtype, lambda a, b, out: torch.add(a, b, out=out))))
+        cases.append((2 * n * size, _binary(n, device, dtype, lambda a, b, out: torch.mul(a, 0.5, out=out))))
+        cases.append((2 * n * size, _binary(n, device, dtype, lambda a, b, out: out.copy_(a))))
     return fit(measure_sizes(cases, sync, settings))
 
 
-def measure_transcendental(device: torch.device, settings: Settings) -> Fit:
-    """The Rate (bytes read + written, as the trace counts them) of fp32 element-wise ops
+def measure_transcendental(device: torch.device, settings: Settings, dtype: str = "fp32") -> Fit:
+    """The Rate (bytes read + written, as the trace counts them) of `dtype` element-wise ops
     that evaluate a transcendental function: exp, tanh, SiLU, and a log-softmax over rows
     of 1024 with its backward (the loss of a language model)."""
-    sync, cases = synchronizer(device), []
-    for n in _element_counts(device, settings):
-        cases.append((2 * n * FP32_BYTES, _binary(n, device, lambda a, b, out: torch.exp(a, out=out))))
-        cases.append((2 * n * FP32_BYTES, _binary(n, device, lambda a, b, out: torch.tanh(a, out=out))))
-        cases.append((2 * n * FP32_BYTES, _binary(n, device, lambda a, b, out: torch.nn.functional.silu(a))))
+    sync, cases, size = synchronizer(device), [], DTYPES[dtype].itemsize
+    for n in _element_counts(device, settings, dtype):
+        cases.append((2 * n * size, _binary(n, device, dtype, lambda a, b, out: torch.exp(a, out=out))))
+        cases.append((2 * n * size, _binary(n, device, dtype, lambda a, b, out: torch.tanh(a, out=out))))
+        cases.append((2 * n * size, _binary(n, device, dtype, lambda a, b, out: torch.nn.functional.silu(a))))
         if n >= 1024:
-            cases.append((5 * n * FP32_BYTES, _binary(n, device, _log_softmax_forward_backward)))
+            cases.append((5 * n * size, _binary(n, device, dtype, _log_softmax_forward_backward)))
     return fit(measure_sizes(cases, sync, settings))
 
 
-def measure_random(device: torch.device, settings: Settings) -> Fit:
-    """The Rate (bytes read + written, as the trace counts them: an in-place fp32
-    `bernoulli_` reads and writes 4 bytes per element) of drawing random numbers: dropout's
-    mask, `bernoulli_(1 - p)`, over sizes."""
-    sync, cases = synchronizer(device), []
-    for n in _element_counts(device, settings):
-        cases.append((2 * n * FP32_BYTES, _binary(n, device, lambda a, b, out: out.bernoulli_(0.9))))
+def measure_random(device: torch.device, settings: Settings, dtype: str = "fp32") -> Fit:
+    """The Rate (bytes read + written, as the trace counts them: an in-place `bernoulli_`
+    reads and writes the element size, 4 bytes in fp32) of drawing random numbers into a
+    `dtype` tensor: dropout's mask, `bernoulli_(1 - p)`, over sizes."""
+    sync, cases, size = synchronizer(device), [], DTYPES[dtype].itemsize
+    for n in _element_counts(device, settings, dtype):
+        cases.append((2 * n * size, _binary(n, device, dtype, lambda a, b, out: out.bernoulli_(0.9))))
     return fit(measure_sizes(cases, sync, settings))
 
 
@@ -64,9 +73,9 @@ def _log_softmax_forward_backward(a, b, out):
     return torch._log_softmax_backward_data(b.view(-1, 1024), y, -1, a.dtype)
 
 
-def _binary(n: int, device: torch.device, op):
+def _binary(n: int, device: torch.device, dtype: str, op):
     def make():
-        a, b, out = (torch.rand(n, device=device) for _ in range(3))
+        a, b, out = (torch.rand(n, device=device, dtype=DTYPES[dtype]) for _ in range(3))
         return lambda: op(a, b, out)
     return make
 

@@ -13,13 +13,7 @@ def rate_rows(profile) -> list[tuple[str, str, str]]:
     rows = [(f"matmul {dtype}", _tflops(rate), _micro(rate.fixed_s)) for dtype, rate in profile.matmul.items()]
     rows += [(f"attention {dtype}{head_dim} (fwd+bwd)", _tflops(rate), _micro(rate.fixed_s))
              for dtype, head_dim, rate in _attention_rates(profile)]
-    rows.append(("memory (bytes read + written)", _gbs(profile.memory.per_s), _micro(profile.memory.fixed_s)))
-    if profile.transcendental:
-        rows.append(("exp, tanh, softmax... (bytes read + written)", _gbs(profile.transcendental.per_s),
-                     _micro(profile.transcendental.fixed_s)))
-    if profile.random:
-        rows.append(("random numbers, dropout's mask (bytes read + written)", _gbs(profile.random.per_s),
-                     _micro(profile.random.fixed_s)))
+    rows += _byte_rows(profile)
     dispatch = profile.measured.get("host_dispatch_s_per_op")
     if dispatch is not None:  # the CPU: the bare dispatch, and an op's host time in a training step
         rows.append(("host per eager op (bare dispatch)", "-", _micro(dispatch)))
@@ -52,6 +46,20 @@ def rate_rows(profile) -> list[tuple[str, str, str]]:
     if profile.context_bytes is not None:
         rows.append(("CUDA context and loaded kernels (device memory outside the allocator)",
                      f"{profile.context_bytes / 2**20:.0f} MiB", "-"))
+    return rows
+
+
+BYTE_KIND_NAMES = {"memory": "memory", "transcendental": "exp, tanh, softmax...",
+                   "random": "random numbers, dropout's mask"}
+
+
+def _byte_rows(profile) -> list[tuple[str, str, str]]:
+    """The element-wise rates, fp32's and each other dtype's calibrate measured."""
+    rows = []
+    for kind, name in BYTE_KIND_NAMES.items():
+        rates = {"fp32": getattr(profile, kind), **profile.byte_rates_by_dtype.get(kind, {})}
+        rows += [(f"{name} {dtype} (bytes read + written)", _gbs(rate.per_s), _micro(rate.fixed_s))
+                 for dtype, rate in rates.items() if rate is not None]
     return rows
 
 
