@@ -18,7 +18,7 @@ from trainwise.estimator.extrapolate import same_timeline
 from trainwise.estimator.predict import _trace
 from trainwise.estimator.step_time import CATEGORIES, OFF_CRITICAL_PATH, predict_step_time, step_breakdown
 from trainwise.hardware import resolve_device
-from trainwise.hardware.profile import DeviceProfile, Rate
+from trainwise.hardware.profile import BYTE_KINDS, DeviceProfile, Rate
 from trainwise.models import build_model_with_notes, example_batch, resolve_model
 from trainwise.plan.plan import Plan
 from trainwise.trace.depth import with_blocks
@@ -348,3 +348,51 @@ def test_a_profile_with_head_dim_rates_prices_a_llama_steps_attention_at_its_hea
     measured = attention_s(attention={"bf16": at_64}, attention_by_head_dim={"bf16": {16: at_16, 64: at_64}})
     assert measured > 0 and measured == pytest.approx(attention_s(attention={"bf16": at_16}))
     assert attention_s(attention={"bf16": at_64}) < measured / 2  # the old pricing: one rate, head dim 64's
+
+
+BF16_RATES = {"memory": {"bf16": Rate(5e8)}, "transcendental": {"bf16": Rate(5e7)}, "random": {"bf16": Rate(5e6)}}
+
+
+def test_a_rows_dtype_picks_its_element_wise_rate_and_the_optimizer_keeps_its_own():
+    """A CPU core spends about as long per element on bf16 as on fp32, so per byte bf16 is
+    slower: a profile whose bf16 rates are half fp32's prices bf16 element-wise,
+    normalisation, transcendental and random rows twice as long, fp32 rows as before, and
+    the optimizer phase at its own measured rate whatever the dtype."""
+    bf16 = {(phase, 0, op_class, "bf16", False, 0): [0, 0, 600_000, 400_000]
+            for phase, op_class in (("forward", "elementwise"), ("forward", "normalization"),
+                                    ("backward", "transcendental"), ("forward", "random"))}
+    costs = OpCosts({**bf16, ("forward", 0, "elementwise", "fp32", False, 0): [0, 0, 600_000, 400_000],
+                     ("optimizer", 0, "elementwise", "bf16", False, 0): [0, 0, 1_000_000, 0]})
+    fp32 = dataclasses.replace(PROFILE, memory=Rate(1e9), transcendental=Rate(1e8), random=Rate(1e7),
+                               optimizer=Rate(2e8))
+    at_fp32 = step_breakdown(costs, {0: 1, 1: 0}, _plan(), fp32)
+    own = step_breakdown(costs, {0: 1, 1: 0}, _plan(), dataclasses.replace(fp32, byte_rates_by_dtype=BF16_RATES))
+    assert at_fp32["elementwise"] == pytest.approx(1e6 / 1e9 + 1e6 / 1e9 + 1e6 / 1e8 + 1e6 / 1e7)
+    assert own["elementwise"] == pytest.approx(1e6 / 1e9 + 2 * (1e6 / 1e9 + 1e6 / 1e8 + 1e6 / 1e7))
+    assert own["normalization"] == pytest.approx(2 * at_fp32["normalization"]) == pytest.approx(2e6 / 1e9)
+    assert own["optimizer"] == at_fp32["optimizer"] == pytest.approx(1e6 / 2e8)
+
+
+def test_a_bf16_plans_element_wise_work_takes_twice_as_long_at_half_the_fp32_byte_rate_and_an_older_profile_says_so():
+    """tiny-gpt2 in bf16 on the CPU: its bf16 element-wise rows at a bf16 rate half fp32's
+    take twice as long, its fp32 rows (the loss, the optimizer) as long as before. An older
+    profile, without a bf16 rate, prices them at fp32's and the estimate says so; a GPU
+    profile says nothing (its element-wise kernels move bytes at one rate whatever the dtype)."""
+    plan = _plan(precision="bf16")
+    traces = [_trace(resolve_model("tiny-gpt2"), plan, CPU)[0]]
+    rows = traces[0].op_costs.rows
+    bf16_bytes = sum(v[2] + v[3] for k, v in rows.items() if k[3] == "bf16" and k[0] in ("forward", "backward")
+                     and k[2] in ("elementwise", "normalization", "transcendental", "random"))
+    assert bf16_bytes > 0
+    memory = Rate(1e9)
+    older = dataclasses.replace(PROFILE, memory=memory, optimizer=Rate(2e8))
+    newer = dataclasses.replace(older, byte_rates_by_dtype={kind: {"bf16": Rate(memory.per_s / 2)} for kind in BYTE_KINDS})
+    old, new = (predict_step_time(traces, None, plan, CPU, profile, "tiny-gpt2") for profile in (older, newer))
+    added = sum(new.breakdown[c] - old.breakdown[c] for c in CATEGORIES)
+    assert added == pytest.approx(bf16_bytes / memory.per_s)  # each bf16 byte once more at the fp32 rate
+    assert [n for n in old.notes if "bf16 element-wise work" in n] == [
+        "bf16 element-wise work (memory, random, transcendental) priced at the fp32 byte rate: assumed, the profile has no "
+        "bf16 rate; `trainwise calibrate` measures it"]
+    assert not [n for n in new.notes if "element-wise work" in n]
+    gpu = predict_step_time(traces, None, plan, CPU, dataclasses.replace(older, kind="cuda"), "tiny-gpt2")
+    assert not [n for n in gpu.notes if "element-wise work" in n]

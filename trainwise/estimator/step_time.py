@@ -58,6 +58,9 @@ METADATA_HOST_SHARE = 0.25
 # every other op class by its step_non_matmul_factor (the optimizer: see _step_factor).
 CONTRACTIONS = ("matmul", "attention")
 OPTIMIZER_PHASES = ("optimizer", "zero_grad")
+# Dtypes of element-wise work that calibrate measures rates of its own for, on the CPU
+# (trainwise/calibration/memory.py); other rows (fp32, integer, bool) are priced at fp32's.
+ELEMENTWISE_DTYPES = ("bf16",)
 COMPILED_NOTE = ("--compile (scope {scope}): the compiled regions' element-wise chains priced as fused kernels "
                  "(the bytes entering and leaving each chain, host time per launched kernel and per region call: "
                  "trainwise/trace/fusion.py; host times {host}); compile time is not in the step")
@@ -104,6 +107,7 @@ def predict_step_time(traces: Sequence[StepTrace], fit: DepthFit | None, plan: P
     breakdown = step_breakdown(costs, weights, plan, profile)
     notes = [COMPILED_NOTE.format(scope=plan.compile_scope, host=compiled_host_text(profile))] if plan.compile else []
     notes += matmul_rate_notes(costs, plan, profile)
+    notes += byte_rate_notes(costs, profile)
     if plan.activation_offload:
         seconds, note = activation_offload_seconds(offload_traffic(traces, fit), micro_batch_phase_seconds(
             costs, plan, profile), plan.grad_accum * chunks, profile)
@@ -138,6 +142,24 @@ def matmul_rate_notes(costs: OpCosts, plan: Plan, profile: DeviceProfile) -> lis
         elif dtype == "fp8":
             notes.append(f"fp8 matmuls at {profile.matmul['fp8'].per_s / 1e12:.3g} TFLOP/s, {origin}")
     return notes
+
+
+def byte_rate_notes(costs: OpCosts, profile: DeviceProfile) -> list[str]:
+    """On the CPU, each dtype of element-wise work that the profile has no rate of its own
+    for (an older file): priced at the fp32 rate, which on a CPU core is faster per byte
+    than bf16's. (A GPU's element-wise kernels are bound by the bytes they move whatever
+    the dtype: the catalog's one DRAM bandwidth is right for all, and says nothing here.)"""
+    if profile.kind != "cpu":
+        return []
+    missing: dict[str, set[str]] = {}
+    for key, values, _compiled in _all_rows(costs):
+        dtype, kind = key[3], _byte_kind(key, values, profile)
+        if (kind is not None and dtype in ELEMENTWISE_DTYPES and values[2] + values[3] > 0
+                and dtype not in profile.byte_rates_by_dtype.get(kind, {})):
+            missing.setdefault(dtype, set()).add(kind)
+    return [f"{dtype} element-wise work ({', '.join(sorted(kinds))}) priced at the fp32 byte rate: assumed, "
+            f"the profile has no {dtype} rate; `trainwise calibrate` measures it"
+            for dtype, kinds in sorted(missing.items())]
 
 
 def micro_batch_phase_seconds(costs: OpCosts, plan: Plan, profile: DeviceProfile) -> dict[str, float]:
@@ -248,26 +270,35 @@ def _device_seconds(key: tuple, values: list[int], plan: Plan, profile: DevicePr
         # already where the step runs.
         link = profile.host_to_device
         return "data", _seconds(link, ops, written) if profile.kind == "cuda" and link else 0.0
-    if op_class in ("metadata", "region"):
-        seconds = 0.0
-    elif op_class in ("matmul", "attention") and flops > 0:
+    kind = _byte_kind(key, values, profile)
+    if kind is not None:  # the row's own dtype's rate: bf16 moves fewer bytes a second on a CPU core
+        seconds = _seconds(profile.byte_rate(kind, dtype), ops, read + written)
+    elif op_class in CONTRACTIONS and flops > 0:
         compute = _compute_dtype(dtype, plan)
         rate = profile.matmul_rate(compute) if op_class == "matmul" else profile.attention_rate(compute, head_dim)
         seconds = _seconds(rate, ops, flops)
     elif phase in OPTIMIZER_PHASES and profile.optimizer is not None:
         seconds = _seconds(profile.optimizer, ops, read + written)
-    elif op_class == "transcendental":
-        seconds = _seconds(profile.transcendental or profile.memory, ops, read + written)
-    elif op_class == "random":
-        seconds = _seconds(profile.random or profile.memory, ops, read + written)
-    else:
-        seconds = _seconds(profile.memory, ops, read + written)
+    else:  # metadata, region calls: host time only
+        seconds = 0.0
     if phase in OPTIMIZER_PHASES:
         return "optimizer", seconds
     if recomputed:
         return "recompute", seconds
     # metadata: host time only; transcendental ops are element-wise work at their own rate.
     return ("elementwise" if op_class in ("metadata", "region", "transcendental", "random") else op_class), seconds
+
+
+def _byte_kind(key: tuple, values: list[int], profile: DeviceProfile) -> str | None:
+    """The profile's rate on bytes (BYTE_KINDS) that prices a row of the op table; None
+    where another does (the data's link, the contractions' FLOP rates, the optimizer's own)
+    or none (metadata, region calls)."""
+    phase, _micro, op_class = key[:3]
+    if phase == "data" or op_class in ("metadata", "region") or (op_class in CONTRACTIONS and values[1] > 0):
+        return None
+    if phase in OPTIMIZER_PHASES and profile.optimizer is not None:
+        return None
+    return op_class if op_class in ("transcendental", "random") else "memory"
 
 
 def _seconds(rate: Rate, ops: int, amount: int) -> float:
