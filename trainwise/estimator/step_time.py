@@ -147,10 +147,9 @@ def matmul_rate_notes(costs: OpCosts, plan: Plan, profile: DeviceProfile) -> lis
 
 
 def byte_rate_notes(costs: OpCosts, profile: DeviceProfile) -> list[str]:
-    """On the CPU, each dtype of element-wise work that the profile has no rate of its own
-    for (an older file): priced at the fp32 rate, which on a CPU core is faster per byte
-    than bf16's. (A GPU's element-wise kernels are bound by the bytes they move whatever
-    the dtype: the catalog's one DRAM bandwidth is right for all, and says nothing here.)"""
+    """On the CPU, each dtype of element-wise work priced at the fp32 rate for want of its
+    own (an older profile); a GPU's element-wise kernels are bound by the bytes they move
+    whatever the dtype: the catalog's one DRAM bandwidth is right for all, and no note."""
     if profile.kind != "cpu":
         return []
     missing: dict[str, set[str]] = {}
@@ -296,9 +295,8 @@ def _byte_kind(key: tuple, values: list[int], profile: DeviceProfile) -> str | N
     where another does (the data's link, the contractions' FLOP rates, the optimizer's own)
     or none (metadata, region calls)."""
     phase, _micro, op_class = key[:3]
-    if phase == "data" or op_class in ("metadata", "region") or (op_class in CONTRACTIONS and values[1] > 0):
-        return None
-    if phase in OPTIMIZER_PHASES and profile.optimizer is not None:
+    if (phase == "data" or op_class in ("metadata", "region") or (op_class in CONTRACTIONS and values[1] > 0)
+            or (phase in OPTIMIZER_PHASES and profile.optimizer is not None)):
         return None
     return op_class if op_class in ("transcendental", "random") else "memory"
 
