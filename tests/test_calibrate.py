@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 import torch
@@ -116,49 +117,76 @@ def test_dropouts_random_numbers_are_measured_and_cost_a_cpu_more_per_byte_than_
 
 def test_the_element_wise_rates_are_measured_in_bf16_too_where_the_cpu_runs_it(cached_profile):
     """A CPU core spends about as long per element on bf16 as on fp32: its byte rates are
-    its own, measured on bf16 tensors, bytes counted at 2 per element."""
+    fp32's over the per-byte slowdown of like ops at like sizes, timed side by side."""
     profile = read_profile(cached_profile)
     dtypes = ["bf16"] if "bf16" in profile.matmul else []
     for kind in ("memory", "transcendental", "random"):
         assert list(profile.byte_rates_by_dtype.get(kind, {})) == dtypes, kind
         for dtype in dtypes:
-            rate = profile.byte_rates_by_dtype[kind][dtype]
-            assert _finite_positive(rate.per_s) and math.isfinite(rate.fixed_s) and rate.fixed_s >= 0
-            assert profile.measured["points"][f"{kind} {dtype}"] and f"{kind} {dtype}" in profile.measured["spread"]
+            rate, found = profile.byte_rates_by_dtype[kind][dtype], profile.measured["byte_rates_vs_fp32"][f"{kind} {dtype}"]
+            assert rate.per_s == pytest.approx(getattr(profile, kind).per_s / found["ratio"])
+            assert rate.fixed_s == getattr(profile, kind).fixed_s
+            assert found["pairs"] and found["ratio"] == pytest.approx(
+                statistics.median(pair["ratio"] for pair in found["pairs"]))
+            assert f"{kind} {dtype} vs fp32" in profile.measured["spread"]
 
 
 def test_calibrate_measures_the_element_wise_rates_in_each_dtype_the_device_runs_but_tf32_and_fp8(monkeypatch):
-    """fp32 into the profile's own fields, bf16 and fp16 (a GPU's list) into
-    byte_rates_by_dtype; not tf32 (a matmul mode) nor fp8. Faked measurements: fast."""
+    """fp32 fitted into the profile's own fields; bf16 and fp16 (a GPU's list) as fp32's
+    rate over their measured per-byte slowdown, into byte_rates_by_dtype; not tf32 (a
+    matmul mode) nor fp8. Faked timings: fast."""
     from trainwise.api import calibrate
     from trainwise.calibration import compute, memory
     from trainwise.calibration.timing import QUICK, Fit
     from trainwise.hardware.profile import Rate
 
     asked = []
+    fitted = {"memory": 8e9, "transcendental": 4e9, "random": 2e9}
+    slowdown = {"bf16": 2.5, "fp16": 1.25}
 
-    def measure(kind, per_s):
-        def fake(device, settings, dtype="fp32"):
-            asked.append((kind, dtype))
-            return Fit(Rate(per_s / memory.DTYPES[dtype].itemsize), [(1.0, 1e-6)], 0.0)
-        return fake
+    def measure_bytes(kind, device, settings):
+        asked.append((kind, "fp32"))
+        return Fit(Rate(fitted[kind], 1e-6), [(1.0, 1e-6)], 0.0)
+
+    def measure_bytes_relative(kind, dtype, device, settings):
+        asked.append((kind, dtype))
+        return slowdown[dtype], {"ratio": slowdown[dtype], "spread": 0.01, "pairs": []}
 
     monkeypatch.setattr(compute, "dtypes_to_measure", lambda device: ["fp32", "tf32", "bf16", "fp16", "fp8"])
     monkeypatch.setattr(compute, "measure_matmul", lambda *a, **k: Fit(Rate(1e10), [(1.0, 1e-6)], 0.0))
     monkeypatch.setattr(compute, "measure_attention",
                         lambda *a, **k: dict.fromkeys(compute.HEAD_DIMS, Fit(Rate(1e10), [(1.0, 1e-6)], 0.0)))
-    for name, per_s in (("memory", 8e9), ("transcendental", 4e9), ("random", 2e9)):
-        monkeypatch.setattr(memory, f"measure_{name}", measure(name, per_s))
+    monkeypatch.setattr(memory, "measure_bytes", measure_bytes)
+    monkeypatch.setattr(memory, "measure_bytes_relative", measure_bytes_relative)
     monkeypatch.setattr(memory, "measure_optimizer", lambda *a, **k: Fit(Rate(1e9), [(1.0, 1e-6)], 0.0))
     monkeypatch.setattr(memory, "measure_host_overhead", lambda *a, **k: (5e-6, 0.0))
-    rates, spreads, _ = calibrate._measure_one_device(torch.device("cpu"), QUICK)
-    assert sorted(asked) == sorted((kind, dtype) for kind in ("memory", "transcendental", "random")
-                                   for dtype in ("fp32", "bf16", "fp16"))
-    assert (rates["memory"], rates["transcendental"], rates["random"]) == (Rate(2e9), Rate(1e9), Rate(5e8))
-    assert rates["byte_rates_by_dtype"] == {kind: {"bf16": Rate(per_s / 2), "fp16": Rate(per_s / 2)}
-                                            for kind, per_s in (("memory", 8e9), ("transcendental", 4e9),
-                                                                ("random", 2e9))}
-    assert "memory bf16" in spreads and "random fp16" in spreads
+    rates, spreads, measured = calibrate._measure_one_device(torch.device("cpu"), QUICK)
+    assert sorted(asked) == sorted((kind, dtype) for kind in fitted for dtype in ("fp32", "bf16", "fp16"))
+    assert (rates["memory"], rates["transcendental"], rates["random"]) == tuple(Rate(v, 1e-6) for v in fitted.values())
+    assert rates["byte_rates_by_dtype"] == {kind: {dtype: Rate(per_s / ratio, 1e-6) for dtype, ratio in slowdown.items()}
+                                            for kind, per_s in fitted.items()}
+    assert "memory bf16 vs fp32" in spreads and measured["byte_rates_vs_fp32"]["random fp16"]["ratio"] == 1.25
+
+
+def test_a_bf16_add_is_timed_side_by_side_with_an_fp32_one_and_compared_per_byte(monkeypatch):
+    """The slowdown is per byte: a bf16 op taking as long as the fp32 one on the same
+    element count moves half the bytes, a ratio of 2."""
+    from trainwise.calibration import memory
+    from trainwise.calibration.timing import QUICK, Timing
+
+    timed = []
+
+    def time_call(work, sync, settings):
+        dtype = work.__closure__ and next(c.cell_contents for c in work.__closure__
+                                          if isinstance(c.cell_contents, torch.Tensor)).dtype
+        timed.append(dtype)
+        return Timing(1e-5, 0.02)
+
+    monkeypatch.setattr(memory, "time_call", time_call)
+    ratio, found = memory.measure_bytes_relative("memory", "bf16", torch.device("cpu"), QUICK)
+    assert ratio == 2.0 and {pair["ratio"] for pair in found["pairs"]} == {2.0}
+    assert timed.count(torch.float32) == timed.count(torch.bfloat16) == len(found["pairs"]) > 0
+    assert found["spread"] == 0.02
 
 
 def test_a_large_fp32_matmul_does_more_flops_per_second_than_a_tiny_one(cached_profile):

@@ -348,8 +348,9 @@ def test_on_the_cpu_the_gpu_measurements_are_not_made(monkeypatch):
         monkeypatch.setattr(memory, name, lambda *a, **k: asked.append(a))
     monkeypatch.setattr(compute, "measure_matmul", lambda device, dtype, settings: asked.append(dtype) or _fit())
     monkeypatch.setattr(compute, "measure_attention", lambda *a, **k: dict.fromkeys(compute.HEAD_DIMS, _fit()))
-    for name in ("measure_memory", "measure_transcendental", "measure_random", "measure_optimizer"):
+    for name in ("measure_bytes", "measure_optimizer"):
         monkeypatch.setattr(memory, name, lambda *a, **k: _fit())
+    monkeypatch.setattr(memory, "measure_bytes_relative", lambda *a, **k: (2.0, {"ratio": 2.0, "spread": 0.0}))
     monkeypatch.setattr(memory, "measure_host_overhead", lambda *a, **k: (5e-6, 0.0))
     rates, _, _ = calibrate._measure_one_device(torch.device("cpu"), QUICK)
     assert "fp8" not in asked and not any(isinstance(a, tuple) for a in asked)

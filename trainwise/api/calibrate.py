@@ -143,24 +143,26 @@ def _measure_one_device(device, settings) -> tuple[dict, dict, dict]:
             rates["attention_by_head_dim"][dtype] = {
                 head_dim: rates["attention"][dtype] if head_dim == reference
                 else keep(f"attention {dtype} head dim {head_dim}", found) for head_dim, found in fits.items()}
-    byte_measures = {"memory": memory.measure_memory, "transcendental": memory.measure_transcendental,
-                     "random": memory.measure_random}
-    for kind, measure in byte_measures.items():
-        rates[kind] = keep(kind, measure(device, settings))
+    for kind in memory.BYTE_OPS:
+        rates[kind] = keep(kind, memory.measure_bytes(kind, device, settings))
     # The element-wise dtypes other than fp32 the device runs: a CPU core takes about as long
     # per element in bf16 as in fp32, so their byte rates differ. Not tf32 (a matmul mode)
     # nor fp8 (--float8's casts, on a GPU, whose element-wise kernels are bound by bytes).
+    # Each is fp32's rate over the measured per-byte slowdown of like ops at like sizes.
+    relative: dict[str, dict] = {}
     for dtype in (d for d in compute.dtypes_to_measure(device) if d in memory.DTYPES and d != "fp32"):
-        for kind, measure in byte_measures.items():
-            rates["byte_rates_by_dtype"].setdefault(kind, {})[dtype] = keep(f"{kind} {dtype}",
-                                                                             measure(device, settings, dtype))
+        for kind in memory.BYTE_OPS:
+            ratio, found = memory.measure_bytes_relative(kind, dtype, device, settings)
+            spreads[f"{kind} {dtype} vs fp32"], relative[f"{kind} {dtype}"] = found["spread"], found
+            rates["byte_rates_by_dtype"].setdefault(kind, {})[dtype] = Rate(rates[kind].per_s / ratio,
+                                                                             rates[kind].fixed_s)
     rates["host_s_per_op"], spreads["host per op"] = memory.measure_host_overhead(device, settings)
     optimizer = memory.measure_optimizer(device, settings)
     rates["optimizer"] = keep("optimizer step", optimizer)
     if device.type == "cuda":
         for direction in memory.COPY_DIRECTIONS:
             rates[direction] = keep(direction.replace("_", " "), memory.measure_copy(device, direction, settings))
-    measured = {"points": points, "optimizer_step": {
+    measured = {"points": points, "byte_rates_vs_fp32": relative, "optimizer_step": {
         "what": "torch.optim.AdamW(foreach=True) on fp32 parameters; per_s in bytes/s read + written by its ops as "
                 "the trace counts them (the profile's optimizer rate)",
         **optimizer.rate.to_json(),

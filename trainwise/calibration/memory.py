@@ -3,67 +3,80 @@ optimizer step and copies between pinned host memory and a GPU, both directions.
 
 Sizes are bytes read plus bytes written (an fp32 `a + b` of n elements moves 12 n bytes, a
 bf16 one 6 n), the quantity the trace counts for element-wise and normalisation ops. The
-element-wise rates are measured per dtype: a CPU core spends about as long per element on
-bf16 as on fp32, so where the data fits in cache bf16 moves fewer bytes per second."""
+rates are fitted on fp32 tensors; another dtype's is fp32's over its measured per-byte
+slowdown (measure_bytes_relative): a CPU core spends about as long per element on bf16 as
+on fp32, so where the data fits in cache bf16 moves fewer bytes per second."""
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 import torch
 
 from trainwise.calibration.timing import Fit, Settings, fit, measure_sizes, synchronizer, time_call
 from trainwise.hardware.profile import Rate
 
+FP32_BYTES = 4
 HOST_OP_CALLS = 200  # tiny ops per sample of the per-op cost
 # The element-wise dtypes a profile may hold rates for (trainwise/hardware/profile.py:
 # byte_rate), by the names of trainwise/trace/op_costs.py.
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _element_counts(device: torch.device, settings: Settings, dtype: str) -> list[int]:
-    """Elements per tensor: fp32 (the profile's own rates, which the training step's factors
-    are fitted against) over every size, any other dtype over every other one from the
-    smallest, which keeps calibrate's added time small (the largest sizes take longest)."""
+def _element_counts(device: torch.device, settings: Settings) -> list[int]:
     if device.type == "cuda":
-        counts = [2**p for p in range(16, 29, 2)]
-    else:
-        counts = [2**p for p in (range(12, 19, 3) if settings.quick else range(14, 25, 2))]
-    return counts if dtype == "fp32" else counts[::2]
+        return [2**p for p in range(16, 29, 2)]
+    return [2**p for p in (range(12, 19, 3) if settings.quick else range(14, 25, 2))]
 
 
-def measure_memory(device: torch.device, settings: Settings, dtype: str = "fp32") -> Fit:
-    """The memory Rate (bytes read + written) of `dtype` add, scale and copy over sizes."""
-    sync, cases, size = synchronizer(device), [], DTYPES[dtype].itemsize
-    for n in _element_counts(device, settings, dtype):
-        cases.append((3 * n * size, _binary(n, device, dtype, lambda a, b, out: torch.add(a, b, out=out))))
-        cases.append((2 * n * size, _binary(n, device, dtype, lambda a, b, out: torch.mul(a, 0.5, out=out))))
-        cases.append((2 * n * size, _binary(n, device, dtype, lambda a, b, out: out.copy_(a))))
+# The ops each byte rate is measured on: (bytes read + written per element, in units of
+# the element size; the op on tensors a, b and out of one dtype).
+BYTE_OPS = {
+    "memory": ((3, lambda a, b, out: torch.add(a, b, out=out)), (2, lambda a, b, out: torch.mul(a, 0.5, out=out)),
+               (2, lambda a, b, out: out.copy_(a))),
+    # exp, tanh, SiLU, and a log-softmax over rows of 1024 with its backward (the loss of a
+    # language model): their arithmetic, not memory, sets the pace on a CPU core.
+    "transcendental": ((2, lambda a, b, out: torch.exp(a, out=out)), (2, lambda a, b, out: torch.tanh(a, out=out)),
+                       (2, lambda a, b, out: torch.nn.functional.silu(a)), (5, lambda a, b, out: _log_softmax_forward_backward(a, b, out))),
+    # dropout's mask, `bernoulli_(1 - p)` in place: reads and writes the element size.
+    "random": ((2, lambda a, b, out: out.bernoulli_(0.9)),),
+}
+
+
+def measure_bytes(kind: str, device: torch.device, settings: Settings) -> Fit:
+    """The Rate (bytes read + written, as the trace counts them) of the fp32 ops of `kind`
+    (BYTE_OPS: "memory", "transcendental" or "random") over sizes."""
+    sync, cases = synchronizer(device), []
+    for n in _element_counts(device, settings):
+        for per_element, op in BYTE_OPS[kind]:
+            if n >= 1024 or per_element != 5:  # the log-softmax's rows are 1024 long
+                cases.append((per_element * n * FP32_BYTES, _binary(n, device, "fp32", op)))
     return fit(measure_sizes(cases, sync, settings))
 
 
-def measure_transcendental(device: torch.device, settings: Settings, dtype: str = "fp32") -> Fit:
-    """The Rate (bytes read + written, as the trace counts them) of `dtype` element-wise ops
-    that evaluate a transcendental function: exp, tanh, SiLU, and a log-softmax over rows
-    of 1024 with its backward (the loss of a language model)."""
-    sync, cases, size = synchronizer(device), [], DTYPES[dtype].itemsize
-    for n in _element_counts(device, settings, dtype):
-        cases.append((2 * n * size, _binary(n, device, dtype, lambda a, b, out: torch.exp(a, out=out))))
-        cases.append((2 * n * size, _binary(n, device, dtype, lambda a, b, out: torch.tanh(a, out=out))))
-        cases.append((2 * n * size, _binary(n, device, dtype, lambda a, b, out: torch.nn.functional.silu(a))))
-        if n >= 1024:
-            cases.append((5 * n * size, _binary(n, device, dtype, _log_softmax_forward_backward)))
-    return fit(measure_sizes(cases, sync, settings))
+def measure_bytes_relative(kind: str, dtype: str, device: torch.device, settings: Settings) -> tuple[float, dict]:
+    """How much longer the ops of `kind` take per byte on `dtype` tensors than on fp32 ones:
+    the median, over each op at every other size of the fp32 fit, of the two timed side by
+    side ((seconds / bytes) on `dtype` over the same on fp32); and what was timed.
 
-
-def measure_random(device: torch.device, settings: Settings, dtype: str = "fp32") -> Fit:
-    """The Rate (bytes read + written, as the trace counts them: an in-place `bernoulli_`
-    reads and writes the element size, 4 bytes in fp32) of drawing random numbers into a
-    `dtype` tensor: dropout's mask, `bernoulli_(1 - p)`, over sizes."""
-    sync, cases, size = synchronizer(device), [], DTYPES[dtype].itemsize
-    for n in _element_counts(device, settings, dtype):
-        cases.append((2 * n * size, _binary(n, device, dtype, lambda a, b, out: out.bernoulli_(0.9))))
-    return fit(measure_sizes(cases, sync, settings))
+    A ratio of like ops at like sizes, not a fit of its own: one line through the sizes
+    mixes cache-resident and DRAM-bound points and ops of different speed (a bf16 copy is a
+    memcpy, a bf16 add converts every element). In one-off timings on the project's 2-core
+    EPYC (busy) a bf16 fit came out 10-15 % under fp32's while bf16 add and scale ran 2-3x
+    slower per byte than fp32's where the tensors fit in cache (a CPU core spends about as
+    long per element on either) and about at par beyond."""
+    sync, pairs = synchronizer(device), []
+    scale = FP32_BYTES / DTYPES[dtype].itemsize
+    for n in _element_counts(device, settings)[::2]:
+        for per_element, op in BYTE_OPS[kind]:
+            if n < 1024 and per_element == 5:
+                continue
+            fp32, other = (time_call(_binary(n, device, name, op)(), sync, settings) for name in ("fp32", dtype))
+            pairs.append((n, per_element, other.seconds / fp32.seconds * scale, max(fp32.spread, other.spread)))
+    ratio = statistics.median(p[2] for p in pairs)
+    return ratio, {"ratio": ratio, "spread": max(p[3] for p in pairs),
+                   "pairs": [{"elements": n, "bytes_per_element": e, "ratio": r} for n, e, r, _ in pairs]}
 
 
 def _log_softmax_forward_backward(a, b, out):
