@@ -18,13 +18,9 @@ _LAZY = {
 }
 
 
-def __getattr__(name):
-    if name not in _LAZY:
-        raise AttributeError(f"module 'trainwise' has no attribute {name!r}")
-    import importlib
+from trainwise.common.lazy import lazy_attributes  # noqa: E402
 
-    module, attribute = _LAZY[name]
-    return getattr(importlib.import_module(module), attribute)
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = list(_LAZY)

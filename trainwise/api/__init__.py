@@ -4,9 +4,10 @@ Imported on first use, as `trainwise` itself is: the command line imports api/ m
 the checks it makes before torch is imported (a typo answered in a fraction of a second,
 not after seconds of imports), and `train` pulls in the engine, which `estimate` never needs."""
 
-import importlib
 import sys
 import types
+
+from trainwise.common.lazy import lazy_attributes
 
 _LAZY = {
     "estimate": ("trainwise.api.estimate", "estimate"),
@@ -17,11 +18,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name):
-    if name not in _LAZY:
-        raise AttributeError(f"module 'trainwise.api' has no attribute {name!r}")
-    module, attribute = _LAZY[name]
-    return getattr(importlib.import_module(module), attribute)
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 class _Api(types.ModuleType):

@@ -8,22 +8,18 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from trainwise.api.compatibility import check_estimate_support, check_request
-# The two routes, as names of this module: tests stub them to show that a refused request
-# never reaches a model build.
-from trainwise.estimator.collective_time import Topology
-from trainwise.estimator.layout_estimate import layout_estimate as _per_rank
-from trainwise.estimator.predict import one_device_estimate as _one_device
-from trainwise.estimator.result import EstimateResult
-from trainwise.estimator.shared_traces import SharedTraces
 from trainwise.common.errors import InputError
+from trainwise.estimator.result import EstimateResult
 from trainwise.hardware import Device, resolve_device
 from trainwise.hardware.profile import DeviceProfile, profile_for, with_measured_context
 from trainwise.hardware.profile_settings import check_profile_settings
-from trainwise.models import ModelSpec, check_seq_len, resolve_model
-from trainwise.plan.layout import resolve_layout
 from trainwise.plan.plan import Plan
+
+if TYPE_CHECKING:
+    from trainwise.estimator.shared_traces import SharedTraces
+    from trainwise.models import ModelSpec
 
 __all__ = ["EstimateResult", "estimate"]
 
@@ -31,7 +27,8 @@ __all__ = ["EstimateResult", "estimate"]
 def estimate(model: str | ModelSpec, plan: Plan | None = None, *, task: str | None = None,
              trust_remote_code: bool = False,
              profile: str | Path | DeviceProfile | None = None, gpus_per_node: int | None = None,
-             inter_node_gbps: float | None = None, shared: SharedTraces | None = None) -> EstimateResult:
+             inter_node_gbps: float | None = None, shared: SharedTraces | None = None,
+             cache: bool = False) -> EstimateResult:
     """Predict the memory of one training step of `model` under `plan` (bytes; on one
     device, or on rank 0 and each pipeline rank under a parallel layout), and its time
     (seconds, `result.time`) where a device profile is known: `profile` (a file written by
@@ -43,8 +40,52 @@ def estimate(model: str | ModelSpec, plan: Plan | None = None, *, task: str | No
     and `inter_node_gbps` (Gbit/s per GPU between nodes) place the ranks for the
     communication time (trainwise/estimator/collective_time.py). Nothing is allocated: the model is built on the meta device and
     the step runs on fake tensors. `shared`: one device's steps traced by earlier estimates
-    (a plan search's), reused for a plan's --compile twin (trainwise/estimator/shared_traces.py)."""
+    (a plan search's), reused for a plan's --compile twin (trainwise/estimator/shared_traces.py).
+    `cache`: read and keep a catalog model's one-device estimate in the per-user trace cache
+    (trainwise/estimator/trace_cache.py), so the same request again builds and traces nothing."""
     plan = plan or Plan()
+    cached = _cached_request(model, plan, task, profile) if cache and shared is None else None
+    problem = None
+    if cached is not None:
+        from trainwise.estimator.trace_cache import read_cached
+
+        hit, problem = read_cached(*cached)
+        if hit is not None:
+            return hit
+    result = _traced_estimate(model, plan, task, trust_remote_code, profile, gpus_per_node, inter_node_gbps, shared)
+    if cached is not None:
+        from trainwise.estimator.trace_cache import write_cached
+
+        problem = write_cached(cached[0], result) or problem
+    return dataclasses.replace(result, notes=(*result.notes, problem)) if problem else result
+
+
+def _cached_request(model, plan: Plan, task: str | None, profile) -> tuple[str, Device, DeviceProfile | None] | None:
+    """(the trace cache's key of this request, formed without transformers; the device and
+    the profile a cached estimate is read with: estimator/trace_cache.py), or None where the
+    request is not cached: a model other than a catalog name, a parallel layout or CPU
+    offload (traced rank by rank)."""
+    from trainwise.models.catalog import catalog_record_for
+
+    record = catalog_record_for(model) if isinstance(model, str) else None
+    if record is None or plan.is_distributed or plan.cpu_offload:
+        return None
+    from trainwise.estimator.trace_cache import cache_key
+
+    device = resolve_device(plan.device)
+    rates = _device_profile(device, profile)
+    device = with_measured_context(device, rates)
+    return cache_key(record, task, plan, device), device, rates
+
+
+def _traced_estimate(model, plan: Plan, task, trust_remote_code, profile, gpus_per_node, inter_node_gbps,
+                     shared) -> EstimateResult:
+    """The request checked, the model resolved and traced: every estimate the cache lacks."""
+    from trainwise.api.compatibility import check_estimate_support, check_request
+    from trainwise.estimator.collective_time import Topology
+    from trainwise.models import ModelSpec, check_seq_len, resolve_model
+    from trainwise.plan.layout import resolve_layout
+
     spec = model if isinstance(model, ModelSpec) else resolve_model(model, task=task, trust_remote_code=trust_remote_code)
     device = resolve_device(plan.device)
     plan, picked = check_request(plan, device, spec, here=False)
@@ -60,6 +101,20 @@ def estimate(model: str | ModelSpec, plan: Plan | None = None, *, task: str | No
     if plan.compile:
         picked = (*picked, COMPILED_MEMORY_NOTE)
     return dataclasses.replace(result, notes=(*picked, *result.notes)) if picked else result
+
+
+# The two routes, as names of this module: tests stub them to show that a refused request
+# never reaches a model build. Imported when called: a cached estimate traces nothing.
+def _one_device(*args, **kwargs) -> EstimateResult:
+    from trainwise.estimator.predict import one_device_estimate
+
+    return one_device_estimate(*args, **kwargs)
+
+
+def _per_rank(*args, **kwargs) -> EstimateResult:
+    from trainwise.estimator.layout_estimate import layout_estimate
+
+    return layout_estimate(*args, **kwargs)
 
 
 # What the memory figures of a compiled plan are (docs/estimate.md, "Compiled steps").

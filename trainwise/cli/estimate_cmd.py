@@ -30,6 +30,9 @@ def register(commands) -> None:
                         help="read the plan from a Transformers TrainingArguments JSON (to_json_string()), a DeepSpeed "
                              "config or an accelerate config; repeat for several; flags typed win; every setting mapped "
                              "approximately or ignored is listed")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="trace the model even when the per-user trace cache holds this request's estimate "
+                             "(same catalog model, plan, device and versions), and keep nothing")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--by-module", action="store_true", help="also show which modules hold the activations")
     parser.add_argument("--chart", metavar="FILE", default=None,
@@ -65,7 +68,8 @@ def run(args) -> int:
 
     plan = resolve_auto(auto, plan, args.model, plan.device, args.task, args.trust_remote_code)
     result = estimate(args.model, plan, task=args.task, trust_remote_code=args.trust_remote_code,
-                      profile=args.profile, gpus_per_node=per_node, inter_node_gbps=inter_node)
+                      profile=args.profile, gpus_per_node=per_node, inter_node_gbps=inter_node,
+                      cache=not args.no_cache)
     if args.json:
         data = result.to_json()
         if args.by_module:
@@ -73,6 +77,10 @@ def run(args) -> int:
         if foreign:
             data["from_training_args"] = foreign.to_json()
         print_json(data)
+        if result.from_cache:  # the JSON is the traced estimate's, word for word
+            from trainwise.cli.render_estimate import FROM_CACHE
+
+            print(FROM_CACHE, file=sys.stderr)
     else:
         console = Console()
         if foreign:

@@ -23,9 +23,15 @@ PARTS = (
 )
 
 
+# Said when an estimate's figures were read from the trace cache (estimator/trace_cache.py).
+FROM_CACHE = "traces: reused from the cache (same model, plan and versions)"
+
+
 def render_estimate(result: EstimateResult, console: Console, by_module: bool = False) -> None:
     memory = result.memory
     console.print(_headline(result))
+    if result.from_cache:
+        console.print(FROM_CACHE, highlight=False)
     where = "rank 0" if result.layout else "one device"
     table = Table(title=f"Memory of one training step on {where} (bytes, predicted unless marked)",
                   title_justify="left")

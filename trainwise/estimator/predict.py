@@ -20,7 +20,7 @@ from trainwise.estimator.extrapolate import (CannotSynthesize, extrapolate_datac
 from trainwise.estimator.memory import MemoryEstimate, memory_from_trace
 from trainwise.estimator.result import EstimateResult
 from trainwise.estimator.shared_traces import SharedTraces
-from trainwise.estimator.step_time import predict_step_time
+from trainwise.estimator.step_time import price_step, step_work
 from trainwise.hardware import Device
 from trainwise.hardware.profile import DeviceProfile
 from trainwise.models import ModelSpec, build_model_with_notes, example_batch
@@ -59,14 +59,15 @@ def one_device_estimate(spec: ModelSpec, plan: Plan, device: Device, reshape=Non
     else:
         step = traced_step(spec, plan, device, reshape)
     traces = [priced_as(trace, plan.compile) for trace in step.traces]
-    time = predict_step_time(traces, step.fit, plan, device, profile, spec.name, chunks)
+    work = step_work(traces, step.fit, plan)
+    time = price_step(work, plan, device, profile, spec.name, chunks) if profile is not None else None
     fit = step.fit
     return EstimateResult(model=spec.name, task=spec.task, params=step.params, trainable_params=step.trainable_params,
                           device=device, plan=plan, memory=step.memory,
                           activations_by_module=step.activations_by_module,
                           traced_blocks=fit.depths if fit else None,
                           total_blocks=fit.target if fit else block_count(spec.config), notes=step.notes,
-                          extrapolation=step.extrapolation, time=time)
+                          extrapolation=step.extrapolation, time=time, work=work)
 
 
 def traced_step(spec: ModelSpec, plan: Plan, device: Device, reshape=None, *,

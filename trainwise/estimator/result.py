@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainwise.estimator.memory import MemoryEstimate
-from trainwise.estimator.step_time import StepTime
+from trainwise.estimator.step_time import StepTime, StepWork
 from trainwise.hardware import Device
 from trainwise.hardware.profile import CATALOG_RATES
 from trainwise.plan.plan import Plan
@@ -43,6 +43,10 @@ class EstimateResult:
     # The predicted step time (trainwise/estimator/step_time.py); None without a device
     # profile (the CPU before `trainwise calibrate`, a GPU the catalog lacks).
     time: StepTime | None = None
+    # One device: the traced step's work before pricing (estimator/step_time.py), which the
+    # trace cache keeps; None under a layout. `from_cache`: read from that cache, not traced.
+    work: StepWork | None = field(default=None, compare=False, repr=False)
+    from_cache: bool = field(default=False, compare=False)
 
     @property
     def fits(self) -> bool | None:

@@ -36,10 +36,10 @@ docs/plan.md, "The step-time model", for what this ignores."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from trainwise.common.rates import JobRates
-from trainwise.estimator.activation_offload_time import activation_offload_seconds, offload_traffic
+from trainwise.estimator.activation_offload_time import OffloadTraffic, activation_offload_seconds, offload_traffic
 from trainwise.hardware import Device
 from trainwise.hardware.peak import peak_flops_for
 from trainwise.hardware.profile import CATALOG_RATES, DeviceProfile, Rate
@@ -47,7 +47,9 @@ from trainwise.hardware.rate import stand_in_dtype
 from trainwise.plan.plan import Plan
 from trainwise.trace.depth import DepthFit, extrapolate_by_kind
 from trainwise.trace.op_costs import OpCosts
-from trainwise.trace.step_trace import StepTrace
+
+if TYPE_CHECKING:  # a priced cached step needs no tracing machinery
+    from trainwise.trace.step_trace import StepTrace
 
 CATEGORIES = ("matmul", "attention", "normalization", "elementwise", "optimizer", "recompute", "host_overhead",
               "data", "communication_exposed", "communication_overlapped", "pipeline_bubble", "offload")
@@ -93,25 +95,48 @@ class StepTime(JobRates):
                 "correction": self.correction, "notes": list(self.notes)}
 
 
-def predict_step_time(traces: Sequence[StepTrace], fit: DepthFit | None, plan: Plan, device: Device,
-                      profile: DeviceProfile | None, model_name: str, chunks: int = 1) -> StepTime | None:
-    """The step time of `plan` from one full-depth trace (`fit` None), or from traces at
-    `fit.depths` blocks read at full depth per layer kind (trainwise/trace/depth.py).
-    `chunks`: traced forward-backward passes per micro-step (pipeline chunks of one rank).
-    None without a profile."""
-    if profile is None:
-        return None
+@dataclass(frozen=True)
+class StepWork:
+    """What a traced step does, read at full depth, before a device profile prices it: the
+    op table (trainwise/trace/op_costs.py) and, under --activation-offload, the bytes each
+    micro-batch copies to the host. The trace cache (estimator/trace_cache.py) keeps it, so a
+    profile calibrated later prices a cached step as it prices a fresh one."""
+
+    costs: OpCosts
+    offload: OffloadTraffic | None = None
+
+
+def step_work(traces: Sequence[StepTrace], fit: DepthFit | None, plan: Plan) -> StepWork:
+    """The step's work from one full-depth trace (`fit` None), or from traces at
+    `fit.depths` blocks read at full depth per layer kind (trainwise/trace/depth.py)."""
     if fit is not None:
         costs = full_depth_costs([t.op_costs for t in traces], fit)
     else:
         costs = traces[-1].op_costs
+    return StepWork(costs, offload_traffic(traces, fit) if plan.activation_offload else None)
+
+
+def predict_step_time(traces: Sequence[StepTrace], fit: DepthFit | None, plan: Plan, device: Device,
+                      profile: DeviceProfile | None, model_name: str, chunks: int = 1) -> StepTime | None:
+    """The step time of `plan` from its traces (`step_work`), priced by `profile`
+    (`price_step`). None without a profile."""
+    if profile is None:
+        return None
+    return price_step(step_work(traces, fit, plan), plan, device, profile, model_name, chunks)
+
+
+def price_step(work: StepWork, plan: Plan, device: Device, profile: DeviceProfile, model_name: str,
+               chunks: int = 1) -> StepTime:
+    """The step time of `work` on `device` at `profile`'s rates. `chunks`: traced
+    forward-backward passes per micro-step (pipeline chunks of one rank)."""
+    costs = work.costs
     weights = _micro_step_weights(plan.grad_accum, chunks)
     breakdown = step_breakdown(costs, weights, plan, profile)
     notes = [COMPILED_NOTE.format(scope=plan.compile_scope, host=compiled_host_text(profile))] if plan.compile else []
     notes += matmul_rate_notes(costs, plan, profile)
     notes += byte_rate_notes(costs, profile)
     if plan.activation_offload:
-        seconds, note = activation_offload_seconds(offload_traffic(traces, fit), micro_batch_phase_seconds(
+        seconds, note = activation_offload_seconds(work.offload, micro_batch_phase_seconds(
             costs, plan, profile), plan.grad_accum * chunks, profile)
         breakdown["offload"] += seconds
         notes.append(note)

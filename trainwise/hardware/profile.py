@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainwise.common.atomic import atomic_write_text
+from trainwise.common.cache_dir import user_cache_dir
 from trainwise.common.errors import InputError
 from trainwise.hardware.device import Device
 from trainwise.hardware.rate import Rate, rate_at_head_dim, stand_in_dtype  # noqa: F401 - read from here too
@@ -290,9 +290,8 @@ def profile_key(device: Device) -> str:
 
 
 def default_profile_dir() -> Path:
-    """$TRAINWISE_CACHE, else $XDG_CACHE_HOME/trainwise, else ~/.cache/trainwise; profiles/."""
-    root = os.environ.get("TRAINWISE_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trainwise"
-    return Path(root) / "profiles"
+    """profiles/ in the per-user trainwise cache (trainwise/common/cache_dir.py)."""
+    return user_cache_dir() / "profiles"
 
 
 def default_profile_path(device: Device) -> Path:

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from trainwise.common.errors import InputError
@@ -70,6 +71,19 @@ def _lookup_table() -> dict[str, CatalogRecord]:
 def find_record(name: str) -> CatalogRecord | None:
     """The catalog record for a name or Hub id, ignoring case; None when absent."""
     return _lookup_table().get(name.strip().lower())
+
+
+def is_model_directory(name: str) -> bool:
+    """Whether MODEL names a local Hugging Face model directory (a folder with config.json),
+    which comes before a catalog name of the same spelling (models/resolve.py)."""
+    path = Path(name).expanduser()
+    return path.is_dir() and (path / "config.json").is_file()
+
+
+def catalog_record_for(name: str) -> CatalogRecord | None:
+    """The catalog record `resolve_model(name)` resolves to, found without transformers; None
+    when MODEL is a directory or not in the catalog."""
+    return None if is_model_directory(name) else find_record(name)
 
 
 def closest_names(name: str, count: int = 3) -> list[str]:

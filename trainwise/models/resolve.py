@@ -17,7 +17,7 @@ from pathlib import Path
 from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, PretrainedConfig
 
-from trainwise.models.catalog import CatalogRecord, find_record, unknown_model_error
+from trainwise.models.catalog import CatalogRecord, find_record, is_model_directory, unknown_model_error
 from trainwise.models.config_checks import check_config_sizes, config_field_error
 from trainwise.models.function_models import import_model_function, looks_like_function_reference
 from trainwise.models.hub_config import hub_config_folder, looks_like_hub_id
@@ -40,7 +40,7 @@ def resolve_model(name: str, task: str | None = None, trust_remote_code: bool = 
     if task is not None and task not in TASKS:
         raise InputError("--task", f"unknown task '{task}'; allowed: {', '.join(TASKS)}")
     path = Path(name).expanduser()
-    if path.is_dir() and (path / "config.json").is_file():
+    if is_model_directory(name):
         return _from_directory(name, path, task, trust_remote_code)
     record = find_record(name)
     if record is not None:

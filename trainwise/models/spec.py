@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
-from transformers import PretrainedConfig
+if TYPE_CHECKING:  # an annotation only: reading a depth or a spec needs no transformers import
+    from transformers import PretrainedConfig
 
 Source = Literal["catalog", "directory", "hub", "object", "function"]
 

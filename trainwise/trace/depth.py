@@ -24,7 +24,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 from collections.abc import Mapping, Sequence
 
-from transformers import PretrainedConfig
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # an annotation only: reading a depth or a spec needs no transformers import
+    from transformers import PretrainedConfig
 
 from trainwise.trace.layer_pattern import LayerPattern, layer_pattern
 

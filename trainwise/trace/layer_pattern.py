@@ -23,7 +23,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from transformers import PretrainedConfig
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # an annotation only: reading a depth or a spec needs no transformers import
+    from transformers import PretrainedConfig
 
 UNIFORM_KIND = "block"
 

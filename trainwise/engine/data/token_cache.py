@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from trainwise.common.cache_dir import user_cache_dir
 from trainwise.common.errors import InputError
 
 WRITE_BATCH = 10_000  # documents read back from the tokenized Arrow files at a time
@@ -79,8 +80,7 @@ def tokenized_corpus(dataset, field: str, tokenizer, workers: int, cache_dir: Pa
 
 
 def default_token_cache_dir() -> Path:
-    root = os.environ.get("TRAINWISE_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trainwise"
-    return Path(root) / "tokens"
+    return user_cache_dir() / "tokens"
 
 
 class _Encoder:
