@@ -86,13 +86,13 @@ def read_cached(key: str, device: Device, profile: DeviceProfile | None) -> tupl
     there but could not be used)."""
     path = trace_cache_dir() / f"{key}.json"
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         return None, None
     except OSError as error:
         return None, f"trace cache: {path} is unreadable ({error.strerror or error}); traced afresh"
     try:
-        return _result_from(json.loads(text), device, profile), None
+        return _result_from(json.loads(data.decode("utf-8")), device, profile), None
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         return None, f"trace cache: {path} is damaged ({type(error).__name__}); traced afresh"
 
