@@ -113,21 +113,32 @@ def test_a_damaged_cache_file_is_traced_afresh_with_a_note(traces_counted, damag
     assert estimate(MODEL, PLAN, cache=True).from_cache  # rewritten whole
 
 
-def test_a_cached_estimate_imports_no_transformers(tmp_path):
-    """The command line's second run of a request: no transformers import, no model built."""
-    env = {**os.environ, "TRAINWISE_CACHE": str(tmp_path)}
-    command = [sys.executable, "-m", "trainwise", "estimate", MODEL, "--device", "A100-40GB", "--batch-size", "2",
-               "--seq-len", "32", "--json"]
-    first = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-    assert first.returncode == 0, first.stderr
+ARGV = ["estimate", MODEL, "--device", "A100-40GB", "--batch-size", "2", "--seq-len", "32"]
+
+
+def test_the_command_line_says_when_it_read_the_cache_and_no_cache_traces(traces_counted, capsys):
+    from trainwise.cli.main import main
+
+    assert main(ARGV) == 0 and "reused from the cache" not in capsys.readouterr().out
+    assert main(ARGV) == 0 and "traces: reused from the cache" in capsys.readouterr().out
+    assert main([*ARGV, "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert "reused from the cache" in err and "reused" not in out
+    assert main([*ARGV, "--no-cache"]) == 0 and "reused" not in capsys.readouterr().out
+    assert len(traces_counted) == 2
+
+
+def test_a_cached_estimate_imports_no_transformers(tmp_path, monkeypatch):
+    """The command line's run of a request another process traced: no transformers import,
+    no model built, the traced estimate's JSON."""
+    monkeypatch.setenv("TRAINWISE_CACHE", str(tmp_path))
+    traced = estimate(MODEL, PLAN, cache=True)
     code = ("import sys, runpy; sys.argv = sys.argv[1:]\n"
             "try:\n    runpy.run_module('trainwise', run_name='__main__')\n"
             "except SystemExit as stop:\n    assert not stop.code, stop.code\n"
             "print('transformers' in sys.modules, file=sys.stderr)")
-    again = subprocess.run([sys.executable, "-c", code, *command[2:]], capture_output=True, text=True, env=env,
-                           timeout=300)
+    again = subprocess.run([sys.executable, "-c", code, "trainwise", *ARGV, "--json"], capture_output=True, text=True,
+                           env=dict(os.environ), timeout=300)
     assert again.returncode == 0, again.stderr
-    assert again.stdout == first.stdout
+    assert json.loads(again.stdout) == json.loads(json.dumps(traced.to_json()))
     assert "reused from the cache" in again.stderr and again.stderr.strip().endswith("False")
-    fresh = subprocess.run([*command, "--no-cache"], capture_output=True, text=True, env=env, timeout=300)
-    assert fresh.stdout == first.stdout and "reused from the cache" not in fresh.stderr
