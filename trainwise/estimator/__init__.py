@@ -8,4 +8,6 @@
     anatomy.py            the replayed timeline: the peak and what is alive at it
     caching_allocator.py  what allocated memory becomes in the CUDA caching allocator
     result.py             EstimateResult and its JSON
+    step_work.py          the step's op table at full depth, before a device profile prices it
+    trace_cache.py        a catalog model's one-device estimate kept on disk per request
 """

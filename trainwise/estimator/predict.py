@@ -20,7 +20,8 @@ from trainwise.estimator.extrapolate import (CannotSynthesize, extrapolate_datac
 from trainwise.estimator.memory import MemoryEstimate, memory_from_trace
 from trainwise.estimator.result import EstimateResult
 from trainwise.estimator.shared_traces import SharedTraces
-from trainwise.estimator.step_time import price_step, step_work
+from trainwise.estimator.step_time import price_step
+from trainwise.estimator.step_work import step_work
 from trainwise.hardware import Device
 from trainwise.hardware.profile import DeviceProfile
 from trainwise.models import ModelSpec, build_model_with_notes, example_batch

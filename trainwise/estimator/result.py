@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainwise.estimator.memory import MemoryEstimate
-from trainwise.estimator.step_time import StepTime, StepWork
+from trainwise.estimator.step_time import StepTime
+from trainwise.estimator.step_work import StepWork
 from trainwise.hardware import Device
 from trainwise.hardware.profile import CATALOG_RATES
 from trainwise.plan.plan import Plan

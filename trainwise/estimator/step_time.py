@@ -39,13 +39,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 from trainwise.common.rates import JobRates
-from trainwise.estimator.activation_offload_time import OffloadTraffic, activation_offload_seconds, offload_traffic
+from trainwise.estimator.activation_offload_time import activation_offload_seconds
+from trainwise.estimator.step_work import StepWork, step_work
 from trainwise.hardware import Device
 from trainwise.hardware.peak import peak_flops_for
 from trainwise.hardware.profile import CATALOG_RATES, DeviceProfile, Rate
 from trainwise.hardware.rate import stand_in_dtype
 from trainwise.plan.plan import Plan
-from trainwise.trace.depth import DepthFit, extrapolate_by_kind
+from trainwise.trace.depth import DepthFit
 from trainwise.trace.op_costs import OpCosts
 
 if TYPE_CHECKING:  # a priced cached step needs no tracing machinery
@@ -93,27 +94,6 @@ class StepTime(JobRates):
                 "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "samples_per_s_per_gpu": self.samples_per_s_per_gpu,
                 "gpus": self.gpus, "mfu": self.mfu, "source": self.source, "breakdown": dict(self.breakdown),
                 "correction": self.correction, "notes": list(self.notes)}
-
-
-@dataclass(frozen=True)
-class StepWork:
-    """What a traced step does, read at full depth, before a device profile prices it: the
-    op table (trainwise/trace/op_costs.py) and, under --activation-offload, the bytes each
-    micro-batch copies to the host. The trace cache (estimator/trace_cache.py) keeps it, so a
-    profile calibrated later prices a cached step as it prices a fresh one."""
-
-    costs: OpCosts
-    offload: OffloadTraffic | None = None
-
-
-def step_work(traces: Sequence[StepTrace], fit: DepthFit | None, plan: Plan) -> StepWork:
-    """The step's work from one full-depth trace (`fit` None), or from traces at
-    `fit.depths` blocks read at full depth per layer kind (trainwise/trace/depth.py)."""
-    if fit is not None:
-        costs = full_depth_costs([t.op_costs for t in traces], fit)
-    else:
-        costs = traces[-1].op_costs
-    return StepWork(costs, offload_traffic(traces, fit) if plan.activation_offload else None)
 
 
 def predict_step_time(traces: Sequence[StepTrace], fit: DepthFit | None, plan: Plan, device: Device,
@@ -197,18 +177,6 @@ def micro_batch_phase_seconds(costs: OpCosts, plan: Plan, profile: DeviceProfile
         if micro == 0 and phase in seconds:
             seconds[phase] += _device_seconds(key, values, plan, profile)[1] * _step_factor(phase, op_class, profile)
     return seconds
-
-
-def full_depth_costs(costs: Sequence[OpCosts], fit: DepthFit) -> OpCosts:
-    """Every row's sums read at full depth from the traced depths (time, like memory and
-    FLOPs, is a fixed part plus a per-block part for each layer kind)."""
-    def read(table: str) -> dict:
-        rows = {}
-        for key in {k for c in costs for k in getattr(c, table)}:
-            columns = zip(*(getattr(c, table).get(key, [0, 0, 0, 0]) for c in costs))
-            rows[key] = [max(0, extrapolate_by_kind(list(values), fit)) for values in columns]
-        return rows
-    return OpCosts(read("rows"), read("compiled"))
 
 
 def _micro_step_weights(grad_accum: int, chunks: int) -> dict[int, int]:

@@ -4,9 +4,9 @@ transformers' import and of the fake-tensor step).
 
 A file holds the estimate's figures before its time is priced: the checked plan, the
 memory, the parameter counts, the activations by module, the depths traced, the notes,
-and the step's work (the op table at full depth, the offload traffic; estimator/step_time.py,
-StepWork). The time is priced afresh from that work with the device profile of the day, so
-a calibration made later counts.
+and the step's work (the op table at full depth, the offload traffic;
+estimator/step_work.py). The time is priced afresh from that work with the device profile
+of the day, so a calibration made later counts.
 
 The key holds everything that feeds the trace: the catalog record (the model's config as
 shipped, canonical JSON), the task asked for, the whole plan, the device (its catalog
@@ -33,7 +33,8 @@ from trainwise.common.cache_dir import user_cache_dir
 from trainwise.estimator.activation_offload_time import OffloadTraffic
 from trainwise.estimator.memory import MemoryEstimate
 from trainwise.estimator.result import EstimateResult
-from trainwise.estimator.step_time import StepWork, price_step
+from trainwise.estimator.step_time import price_step
+from trainwise.estimator.step_work import StepWork
 from trainwise.hardware import Device
 from trainwise.hardware.profile import DeviceProfile
 from trainwise.models.catalog import CatalogRecord
