@@ -12,11 +12,12 @@ The key holds everything that feeds the trace: the catalog record (the model's c
 shipped, canonical JSON), the task asked for, the whole plan, the device (its catalog
 figures and any measured context), the depths traced, the versions of Python, torch,
 transformers, trainwise and the optional packages a technique traces, and a hash of every
-source and data file of the trainwise package. Only catalog models are cached: a
-directory, a Hub id or a model function brings configs or code the key would have to
-read (and a directory's config needs transformers to resolve), so those are traced every
-time. One JSON file per key in traces/ of the per-user cache (common/cache_dir.py),
-written atomically; a file that cannot be read or does not parse is ignored with a note."""
+source and data file of the trainwise package. Only catalog models are cached (by
+name, or by a Hub id the catalog lists): a directory, another Hub id or a model function
+brings configs or code the key would have to read (and a directory's config needs
+transformers to resolve), so those are traced every time. One JSON file per key in
+traces/ of the per-user cache (common/cache_dir.py), written atomically; a file that
+cannot be read or does not parse is ignored with a note."""
 
 from __future__ import annotations
 
