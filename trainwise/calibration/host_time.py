@@ -96,12 +96,14 @@ def _recomputed_op_host(device: torch.device, fitted: DeviceProfile, settings: S
     selective policy this also carries the policy's Python dispatch of the block's forward
     ops (as many per block as it recomputes, and the kept matmuls), which is why it is
     measured apart."""
+    from trainwise.hardware.resolve import resolve_device
     from trainwise.plan.plan import Plan
 
     plan = Plan(batch_size=HOST_BOUND[0], seq_len=HOST_BOUND[1], device="cpu", grad_ckpt=True,
                 grad_ckpt_policy=policy)
     field = "host_s_per_selective_recomputed_op" if policy == "selective" else "host_s_per_recomputed_op"
-    free_host, unit_host = (_predicted_step(plan, dataclasses.replace(fitted, **{field: h})) for h in (0.0, 1.0))
+    free_host, unit_host = (priced.time.step_s for priced in _priced(plan, resolve_device("cpu"), [
+        dataclasses.replace(fitted, **{field: h}) for h in (0.0, 1.0)]))
     step_s, spread = time_training_steps(device, plan, steps=_steps(settings, HOST_BOUND))
     ops = unit_host - free_host
     host = max((step_s - free_host) / ops if ops > 0 else 0.0, fitted.host_s_per_op)
@@ -109,12 +111,17 @@ def _recomputed_op_host(device: torch.device, fitted: DeviceProfile, settings: S
             "spread": spread, "host_s_per_recomputed_op": host}
 
 
-def _predicted_step(plan, profile: DeviceProfile) -> float:
+def _priced(plan, device, profiles: list[DeviceProfile]) -> list:
+    """The reference model's estimate of `plan` under each of `profiles`: traced once,
+    priced once per profile (estimator/step_time.py: price_step)."""
     from trainwise.estimator.predict import one_device_estimate
-    from trainwise.hardware.resolve import resolve_device
+    from trainwise.estimator.step_time import price_step
     from trainwise.models import resolve_model
 
-    return one_device_estimate(resolve_model(REFERENCE_MODEL), plan, resolve_device("cpu"), profile=profile).time.step_s
+    spec = resolve_model(REFERENCE_MODEL)
+    traced = one_device_estimate(spec, plan, device, profile=profiles[0])
+    return [traced] + [dataclasses.replace(traced, time=price_step(traced.work, plan, device, profile, spec.name))
+                       for profile in profiles[1:]]
 
 
 def host_and_factor(small: dict, large: dict, least_host_s: float = 0.0) -> tuple[float, float]:
@@ -147,20 +154,16 @@ def predicted_compute_and_ops(plan, device, measured: DeviceProfile) -> tuple[fl
     by step_non_matmul_factor: contractions x their factor and the optimizer, weighted op
     count): the time model priced without host time, again with step_non_matmul_factor 0,
     and once with free arithmetic and 1 s of host per op."""
-    from trainwise.estimator.predict import one_device_estimate
-    from trainwise.models import resolve_model
-
-    spec = resolve_model(REFERENCE_MODEL)
     free = Rate(per_s=float("inf"))
     arithmetic = dataclasses.replace(measured, host_s_per_op=0.0, host_s_per_recomputed_op=None,
                                      step_compute_factor=1.0, step_non_matmul_factor=1.0)
-    without_host = one_device_estimate(spec, plan, device, profile=arithmetic).time.step_s
     fixed_only = dataclasses.replace(arithmetic, step_non_matmul_factor=0.0)
-    fixed = one_device_estimate(spec, plan, device, profile=fixed_only).time.step_s
     counting = dataclasses.replace(measured, host_s_per_op=1.0, host_s_per_recomputed_op=None, memory=free,
                                    attention={}, attention_by_head_dim={}, transcendental=None, optimizer=None,
                                    matmul={name: free for name in measured.matmul}, corrections={})
-    ops = one_device_estimate(spec, plan, device, profile=counting).time.breakdown["host_overhead"]
+    priced = _priced(plan, device, [arithmetic, fixed_only, counting])
+    without_host, fixed = priced[0].time.step_s, priced[1].time.step_s
+    ops = priced[2].time.breakdown["host_overhead"]
     return without_host, fixed, ops
 
 
