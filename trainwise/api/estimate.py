@@ -52,6 +52,7 @@ def estimate(model: str | ModelSpec, plan: Plan | None = None, *, task: str | No
         hit, problem = read_cached(*cached)
         if hit is not None:
             return hit
+        profile = cached[2] if cached[2] is not None else profile  # read once: the trace prices with it too
     result = _traced_estimate(model, plan, task, trust_remote_code, profile, gpus_per_node, inter_node_gbps, shared)
     if cached is not None:
         from trainwise.estimator.trace_cache import write_cached
