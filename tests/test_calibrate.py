@@ -207,12 +207,30 @@ def test_the_profile_records_where_and_how_it_was_measured(cached_profile):
     assert measured["spread"]["matmul fp32"] >= 0
 
 
-def test_out_names_the_file_and_json_reports_it(tmp_path, capsys):
+@pytest.fixture
+def measured_as_before(cached_profile, monkeypatch):
+    """The one-device measurements replaced by the module's quick calibration, for the tests
+    of what calibrate does around them (where it writes, the collectives): a quick calibrate
+    of its own would add 10-30 s each and test nothing more."""
+    from trainwise.api import calibrate
+
+    profile = read_profile(cached_profile)
+    rates = {"matmul": profile.matmul, "attention": profile.attention, "memory": profile.memory,
+             "attention_by_head_dim": profile.attention_by_head_dim, "transcendental": profile.transcendental,
+             "byte_rates_by_dtype": profile.byte_rates_by_dtype, "random": profile.random,
+             "host_s_per_op": profile.host_s_per_op, "optimizer": profile.optimizer}
+    monkeypatch.setattr(calibrate, "_measure_one_device", lambda device, settings: (dict(rates), {}, {"points": {}}))
+    monkeypatch.setattr(calibrate, "_with_training_host", lambda profile, device, settings, spreads: profile)
+    return profile
+
+
+def test_out_names_the_file_and_json_reports_it(tmp_path, capsys, measured_as_before):
     out = tmp_path / "profiles" / "this-cpu.json"
     assert main(["calibrate", "--quick", "--out", str(out), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["path"] == str(out) and out.is_file()
     assert read_profile(out).to_json()["matmul"] == report["profile"]["matmul"]
+    assert report["profile"]["matmul"] == measured_as_before.to_json()["matmul"]
 
 
 @pytest.mark.parametrize("case", ["a directory", "under a file", "a catalog GPU", "no processes"])
@@ -236,13 +254,14 @@ def test_bad_input_is_exit_2_naming_the_flag_before_anything_is_measured(case, t
 
 
 @pytest.mark.distributed
-def test_nproc_2_records_the_four_collectives_between_two_gloo_processes(tmp_path):
+def test_nproc_2_records_the_four_collectives_between_two_gloo_processes(tmp_path, measured_as_before):
     out = tmp_path / "two.json"
     assert main(["calibrate", "--quick", "--nproc", "2", "--out", str(out)]) == 0
     profile = read_profile(out)
     assert set(profile.collectives) == set(COLLECTIVES)
     assert all(_finite_positive(rate.per_s) for rate in profile.collectives.values())
     assert profile.measured["nproc"] == 2 and profile.measured["collectives"]["backend"] == "gloo"
+    assert profile.matmul == measured_as_before.matmul
 
 
 def test_the_calibrate_table_shows_each_element_wise_rate_by_dtype():

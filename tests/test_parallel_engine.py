@@ -5,8 +5,6 @@ k*W + r of the one synthetic stream, so one process with micro-batch b and accum
 a*W sees exactly the same samples per step: the losses must agree to float tolerance."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -247,26 +245,6 @@ def test_vertical_placement_spreads_blocks_in_order():
     assert len(placement) == blocks
     batch = {"input_ids": torch.randint(0, 100, (2, 16)), "labels": torch.randint(0, 100, (2, 16))}
     assert torch.isfinite(model(**batch).loss)
-
-
-@pytest.mark.distributed
-def test_two_nodes_on_localhost(tmp_path):
-    """Multi-node as the docs describe it: torchrun on each "node" with a shared rendezvous
-    endpoint; trainwise runs under it without relaunching."""
-    from distributed_launch import free_port
-
-    port, metrics = free_port(), tmp_path / "metrics.jsonl"
-    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(rank),
-                               "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-id", "two-nodes",
-                               "--rdzv-endpoint", f"127.0.0.1:{port}", "-m", "trainwise", "train", "tiny-llama",
-                               "--zero", "3", "--device", "cpu", "--steps", "2", "--data", "synthetic",
-                               "--batch-size", "2", "--seq-len", "32", "--metrics", str(metrics)],
-                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in (0, 1)]
-    outputs = [node.communicate(timeout=300) for node in nodes]
-    assert [node.returncode for node in nodes] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
-    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
-    assert [line["step"] for line in lines[:-1]] == [1, 2]
 
 
 @pytest.mark.slow
