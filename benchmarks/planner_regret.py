@@ -20,7 +20,12 @@ and --random plans drawn with a fixed seed from the rest of the kept plans that 
 run by `trainwise train` in a fresh process at default threads (the bench runner's command
 line), wall seconds per step (the median of its timed steps), --repeats times, the repeats
 going round all plans of all groups so that a slow spell of the machine hits every plan
-alike. Measured = the median over repeats; spread = (max - min) / median.
+alike. Then, per group, --settle more runs each of the two plans the decision turns on (the
+pick and the fastest other plan measured), taken alternately: the runs of one process spread
+by up to half on this 2-core machine, for the Hugging Face Trainer as for trainwise, so a
+regret read from 3 runs each can be all noise. Every group gets them, whichever of the two
+was ahead, so the extra runs cannot only ever help the pick. Measured = the median over all
+runs; spread = (max - min) / median.
 
 Per group: the pick's regret = measured(pick) / measured(fastest measured) - 1, shown beside
 both plans' spreads (a regret under them is inside the noise); Spearman's rank correlation
@@ -72,9 +77,9 @@ GROUPS = (
     {"model": "tiny-mixtral", "seq_len": 64, "global_batch": 4},
 )
 # Per group the confirmed top 5 and 2 drawn from the rest, 3 repeats, at least 5 steps (the
-# first a warm-up, the last memory-profiled) and 1.5 s of timed steps: 168 runs of 5-15 s
-# each on a quiet 2-core machine (a process start of 3-4 s, the model, the steps), with the
-# calibration and the searches about 30 min.
+# first a warm-up, the last memory-profiled) and 1.5 s of timed steps, then 4 settling runs
+# each of two plans: 232 runs of 5-15 s each on a quiet 2-core machine (a process start of
+# 3-4 s, the model, the steps), with the calibration and the searches about 35 min.
 # --quick: one decoder and the encoder-decoder, a few plans, two repeats (a smoke run).
 QUICK_GROUPS = ("tiny-llama/s64/gb4", "tiny-t5/s64/gb4")
 TARGET_MEDIAN_REGRET, TARGET_MAX_REGRET, TARGET_SPEARMAN = 0.03, 0.10, 0.8
@@ -94,6 +99,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--random", type=int, default=2, help="plans drawn from the other kept plans that fit")
     parser.add_argument("--seed", type=int, default=0, help="the draw's seed")
     parser.add_argument("--repeats", type=int, default=3, help="fresh runs per plan")
+    parser.add_argument("--settle", type=int, default=4,
+                        help="more runs each of the pick and the fastest other plan per group, alternately, "
+                             "after the round-robin repeats (0: none)")
     parser.add_argument("--steps", type=int, default=5, help="optimizer steps per run")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps at the start of each run")
     parser.add_argument("--timed-seconds", type=float, default=1.5,
@@ -107,10 +115,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.quick:
         args.groups = args.groups or ",".join(QUICK_GROUPS)
         args.top, args.random, args.repeats, args.steps = min(args.top, 2), min(args.random, 1), 2, 4
+        args.settle = min(args.settle, 1)
         args.timed_seconds = 0.0
     for name in ("top", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be 1 or more (got {getattr(args, name)})")
+    if args.settle < 0:
+        parser.error(f"--settle must be 0 or more (got {args.settle})")
     if args.random < 0 or args.warmup < 1 or args.steps < args.warmup + 2:
         parser.error("--random must be 0 or more, --warmup 1 or more, and --steps at least --warmup + 2 "
                      "(a timed step, and the last step, which is memory-profiled on a CPU and not timed)")
@@ -200,7 +211,9 @@ def estimate_minutes(groups: list[dict], args, startup_s: float) -> float:
 
     per_repeat = sum(startup_s + (steps_for(p["predicted_s"], _runner(args)) + 2) * p["predicted_s"]
                      for g in groups for p in g["plans"])
-    return per_repeat * args.repeats / 60
+    settling = sum(2 * args.settle * (startup_s + (steps_for(p["predicted_s"], _runner(args)) + 2) * p["predicted_s"])
+                   for g in groups for p in g["plans"][:1])
+    return (per_repeat * args.repeats + settling) / 60
 
 
 def measure(groups: list[dict], args, workdir: Path) -> None:
@@ -225,6 +238,45 @@ def measure(groups: list[dict], args, workdir: Path) -> None:
         spent = time.perf_counter() - started
         print(f"repeat {repeat + 1} of {args.repeats} done after {spent / 60:.1f} min; about "
               f"{spent / (repeat + 1) * (args.repeats - repeat - 1) / 60:.1f} min left (measured)", flush=True)
+
+
+def contenders(group: dict) -> tuple[int, int] | None:
+    """(index of the pick, index of the fastest other plan measured) in group["plans"]: the
+    two plans whose order decides the pick's regret; None when fewer than two have runs."""
+    timed = [(statistics.median(p["repeats_s"]), i) for i, p in enumerate(group["plans"]) if p["repeats_s"]]
+    pick = next((i for i, p in enumerate(group["plans"]) if p["role"] == "pick" and p["repeats_s"]), None)
+    others = sorted(t for t in timed if t[1] != pick)
+    if pick is None or not others:
+        return None
+    return pick, others[0][1]
+
+
+def settle(groups: list[dict], args, workdir: Path) -> None:
+    """--settle more runs each of every group's pick and fastest other plan, alternately (so
+    a slow spell hits both alike), added to their repeats."""
+    from time_model import measure_once
+    from trainwise.plan.plan import Plan
+
+    if not args.settle:
+        return
+    runner, started = _runner(args), time.perf_counter()
+    for group in groups:
+        pair = contenders(group)
+        if pair is None:
+            continue
+        for repeat in range(args.settle):
+            for index in pair:
+                plan = group["plans"][index]
+                plan["settle_runs"] = plan.get("settle_runs", 0) + 1
+                row = {"name": f"{group['name']} {index}", "model": group["model"],
+                       "plan": Plan.from_dict(plan["plan"]), "steps": plan["steps"]}
+                found = measure_once(row, runner, workdir, args.repeats + repeat)
+                if found is None:
+                    plan["errors"].append((row.get("errors") or ["no timed step"])[-1])
+                else:
+                    plan["repeats_s"].append(found[1])
+        print(f"{group['name']}: settled plans {pair[0] + 1} and {pair[1] + 1} with {args.settle} more runs each "
+              f"({(time.perf_counter() - started) / 60:.1f} min of settling so far, measured)", flush=True)
 
 
 def _runner(args) -> argparse.Namespace:
@@ -258,9 +310,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"estimate: measuring takes about {estimate_minutes(groups, args, startup):.1f} min (predicted step "
               f"times; {startup:.1f} s per process start, measured now)", flush=True)
         measure(groups, args, Path(scratch))
+        settle(groups, args, Path(scratch))
     launch = {"provenance": provenance.finish(prov), "device_kind": "cpu", "profile": profile,
-              "settings": {k: getattr(args, k) for k in ("top", "random", "seed", "repeats", "steps", "warmup",
-                                                         "timed_seconds")},
+              "settings": {k: getattr(args, k) for k in ("top", "random", "seed", "repeats", "settle", "steps",
+                                                         "warmup", "timed_seconds")},
               "minutes": round((time.perf_counter() - started) / 60, 1), "groups": groups}
     atomic_write_text(args.rows, json.dumps({"launches": [launch]}, indent=1) + "\n")
     print(f"wrote {args.rows}")

@@ -101,8 +101,8 @@ def render_page(launches: list[dict], command: str) -> str:
              f"drawn (seed {settings['seed']}) from the other kept plans that fit, each run by `trainwise train` in a "
              f"fresh process at default threads: {_steps_text(settings)}, the first {settings['warmup']} and the "
              "memory-profiled last one untimed, wall seconds per step (median of the timed steps), "
-             f"{settings['repeats']} runs per plan taken round-robin over all plans. Measured = the median over "
-             "the runs; spread = (max - min) / median. Predicted: the figure the planner ranked by (exact estimate "
+             f"{settings['repeats']} runs per plan taken round-robin over all plans{_settle_text(settings)}. "
+             "Measured = the median over all runs; spread = (max - min) / median. Predicted: the figure the planner ranked by (exact estimate "
              "for confirmed plans, composed for drawn ones). Regret = measured(pick) / measured(fastest) - 1; a "
              "regret under the larger spread of the two plans is inside the noise. Whole benchmark: "
              f"{launch['minutes']} min.", ""]
@@ -128,6 +128,14 @@ def render_page(launches: list[dict], command: str) -> str:
     for group in groups:
         lines += _group_section(group, summary["groups"][group["name"]])
     return provenance.page("Planner regret on cpu", prov, "\n".join(lines))
+
+
+def _settle_text(settings: dict) -> str:
+    """The settling runs after the round-robin, where the launch made them."""
+    if not settings.get("settle"):
+        return ""
+    return (f", then {settings['settle']} more runs each of the pick and the fastest other plan of each group, "
+            "alternately (the runs column counts them)")
 
 
 def _steps_text(settings: dict) -> str:

@@ -138,3 +138,41 @@ def test_a_fast_plan_times_enough_steps_to_fill_the_timed_seconds_and_a_slow_one
     planner_regret.measure(groups, argparse.Namespace(steps=5, warmup=1, repeats=1, timed_seconds=1.5), tmp_path)
     assert (fast["steps"], slow["steps"], tiny["steps"]) == (1 + 150 + 1, 5, 1 + time_model.MAX_TIMED_STEPS + 1)
     assert sorted(steps_asked.values()) == sorted([152, 5, 2 + time_model.MAX_TIMED_STEPS])
+
+
+def test_every_group_settles_its_pick_and_the_fastest_other_plan_with_alternate_runs(tmp_path, monkeypatch):
+    """A regret read from 3 runs per plan on a machine whose runs spread by half can be all
+    noise: --settle adds runs of the two plans the regret turns on, alternately, in every
+    group (the pick's closest rival when the pick was fastest, so the runs do not only ever
+    help the pick), and the regret is read from all of them."""
+    import argparse
+
+    import time_model
+
+    slow_pick = _group("a/s64/gb8", [_plan("pick", 1.0, [1.3, 1.3, 1.3]), _plan("confirmed", 1.2, [1.5, 1.5, 1.5]),
+                                     _plan("drawn", 3.0, [1.0, 1.0, 1.0])])
+    fast_pick = _group("b/s64/gb8", [_plan("pick", 1.0, [1.0, 1.0, 1.0]), _plan("confirmed", 1.2, [2.0, 2.0, 2.0]),
+                                     _plan("drawn", 3.0, [1.4, 1.4, 1.4])])
+    for group in (slow_pick, fast_pick):
+        for plan in group["plans"]:
+            plan.update(plan={}, steps=5)
+    assert planner_regret.contenders(slow_pick) == (0, 2) and planner_regret.contenders(fast_pick) == (0, 2)
+
+    order = []
+
+    def fake_measure_once(row, runner, workdir, index):
+        order.append(row["name"])
+        return 0.1, 1.0  # every settling run of either plan: 1.0 s
+
+    monkeypatch.setattr(time_model, "measure_once", fake_measure_once)
+    import trainwise.plan.plan as plan_module
+
+    monkeypatch.setattr(plan_module.Plan, "from_dict", staticmethod(lambda d: d))
+    planner_regret.settle([slow_pick, fast_pick], argparse.Namespace(settle=3, repeats=3, steps=5, warmup=1,
+                                                                     timed_seconds=0.0), tmp_path)
+    assert order == ["a/s64/gb8 0", "a/s64/gb8 2"] * 3 + ["b/s64/gb8 0", "b/s64/gb8 2"] * 3
+    assert slow_pick["plans"][0]["repeats_s"] == [1.3] * 3 + [1.0] * 3 and slow_pick["plans"][1]["repeats_s"] == [1.5] * 3
+    assert slow_pick["plans"][0]["settle_runs"] == 3 and "settle_runs" not in slow_pick["plans"][1]
+    # The pick's median is now (1.0 + 1.3) / 2 against 1.0: the regret reads all six runs.
+    assert render_planner_regret.group_summary(slow_pick)["regret"] == pytest.approx(0.15)
+    assert planner_regret.settle([slow_pick], argparse.Namespace(settle=0), tmp_path) is None and len(order) == 12
