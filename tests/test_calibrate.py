@@ -75,6 +75,14 @@ def test_a_cpu_profiles_step_factors_are_the_measured_ratios_held_at_one(cached_
     assert profile.host_s_per_selective_recomputed_op == step["selective_recomputed"]["host_s_per_recomputed_op"]
     assert profile.host_s_per_selective_recomputed_op >= profile.host_s_per_op
     assert step["selective_recomputed"]["recomputed_ops"] > 0
+    # each from its checkpointed step less the plain one timed beside it, less the predicted rise
+    from trainwise.calibration.host_time import recomputed_op_host
+
+    for found in (step["recomputed"], step["selective_recomputed"]):
+        rise = found["predicted_without_recomputed_host_s"] - found["predicted_plain_s"]
+        assert found["host_s_per_recomputed_op"] == recomputed_op_host(found["measured_rise_s"], rise,
+                                                                       found["recomputed_ops"], profile.host_s_per_op)
+        assert found["plain_step_s"] > 0 and found["spread"] >= 0 and found["plain_spread"] >= 0
     assert step["contraction"]["ops"] > 0
 
 

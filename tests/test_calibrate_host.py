@@ -107,3 +107,98 @@ def test_the_reference_step_reads_nothing_back_as_trainwise_loop_between_log_ste
         one_step()
         one_step()
     assert reads.count == 0
+
+
+class _FakeSteps:
+    """Training steps of a fake duration on a fake clock: the plain steps at 1 x 8 and
+    8 x 256 tokens (the host/factor fit), plain steps at any other size, and checkpointed
+    steps under each policy; each call recorded by what it ran."""
+
+    SECONDS = {"host bound": 0.002, "compute bound": 0.050, "plain": 0.010, "full": 0.014, "selective": 0.013}
+
+    def __init__(self):
+        self.now, self.calls = 0.0, []
+
+    def kind(self, plan) -> str:
+        if plan.grad_ckpt:
+            return plan.grad_ckpt_policy
+        return {(1, 8): "host bound", (8, 256): "compute bound"}.get((plan.batch_size, plan.seq_len), "plain")
+
+    def reference_step(self, device, plan):
+        def one_step():
+            self.calls.append(self.kind(plan))
+            self.now += self.SECONDS[self.kind(plan)]
+        return one_step
+
+
+def _stub_measurement(monkeypatch, fake: _FakeSteps) -> None:
+    """The reference steps on `fake`'s clock, and a time model that prices the plain 2 x 64
+    step 4 ms low (6 ms, measured 10 ms), each checkpointed one without its recomputed ops'
+    host time 2 ms (full: 100 ops) or 1 ms (selective: 80 ops) above the plain prediction."""
+    from types import SimpleNamespace
+
+    from trainwise.calibration import host_time, replay
+
+    predicted = {"plain": (0.006, 0), "full": (0.008, 100), "selective": (0.007, 80)}
+    fields = {"full": "host_s_per_recomputed_op", "selective": "host_s_per_selective_recomputed_op"}
+
+    def priced(plan, device, profiles):
+        free, ops = predicted[fake.kind(plan)]
+        host = [getattr(p, fields[fake.kind(plan)]) or 0.0 if plan.grad_ckpt else 0.0 for p in profiles]
+        return [SimpleNamespace(time=SimpleNamespace(step_s=free + h * ops)) for h in host]
+
+    def compute_and_ops(plan, device, measured):  # the host/factor fit: 1 ms and 45 ms of arithmetic, 100 ops
+        return (0.001 if plan.batch_size == 1 else 0.045), 0.0, 100.0
+
+    monkeypatch.setattr(host_time, "reference_step", fake.reference_step)
+    monkeypatch.setattr(host_time, "clock_of", lambda sync: lambda: fake.now)
+    monkeypatch.setattr(host_time, "_priced", priced)
+    monkeypatch.setattr(host_time, "predicted_compute_and_ops", compute_and_ops)
+    monkeypatch.setattr(replay, "contraction_factor", lambda device, plan: (1.0, {"ratio": 1.0}))
+
+
+def test_a_recomputed_ops_host_time_is_what_checkpointing_adds_to_the_measured_plain_step(monkeypatch):
+    """The figure is the checkpointed step less the plain one, both measured, less the
+    predicted rise, over the recomputed ops: full (14 - 10 - 2) ms / 100 = 20 us, selective
+    (13 - 10 - 1) ms / 80 = 25 us. The checkpointed step less its own prediction (the old
+    formula) put the 4 ms the model misses on the plain step onto the recomputed ops:
+    (14 - 8) / 100 = 60 us and (13 - 7) / 80 = 75 us."""
+    from trainwise.calibration.host_time import measure_training_host
+    from trainwise.calibration.timing import QUICK
+    from trainwise.hardware.profile import DeviceProfile, Rate
+
+    fake = _FakeSteps()
+    _stub_measurement(monkeypatch, fake)
+    measured = DeviceProfile("cpu", "cpu", "test", {"fp32": Rate(1e10, 1e-6)}, {}, Rate(1e9, 1e-6), 2e-6)
+    fitted, found = measure_training_host(torch.device("cpu"), measured, QUICK)
+    assert fitted.host_s_per_op < 20e-6  # the floor below: not what sets the figures
+    assert fitted.host_s_per_recomputed_op == pytest.approx(20e-6)
+    assert fitted.host_s_per_selective_recomputed_op == pytest.approx(25e-6)
+    full = found["recomputed"]
+    assert full["measured_rise_s"] == pytest.approx(0.004) and full["plain_step_s"] == pytest.approx(0.010)
+    assert full["recomputed_ops"] == 100 and full["host_s_per_recomputed_op"] == fitted.host_s_per_recomputed_op
+
+
+def test_the_plain_and_checkpointed_steps_are_timed_in_interleaved_blocks(monkeypatch):
+    # A load that comes and goes must hit the steps compared alike: after the warm-up the
+    # plans take turns block by block, several times over, not one plan's steps then another's.
+    from trainwise.calibration.host_time import measure_training_host
+    from trainwise.calibration.timing import QUICK
+    from trainwise.hardware.profile import DeviceProfile, Rate
+
+    fake = _FakeSteps()
+    _stub_measurement(monkeypatch, fake)
+    measured = DeviceProfile("cpu", "cpu", "test", {"fp32": Rate(1e10, 1e-6)}, {}, Rate(1e9, 1e-6), 2e-6)
+    measure_training_host(torch.device("cpu"), measured, QUICK)
+    compared = [kind for kind in fake.calls if kind in ("plain", "full", "selective")]
+    runs = [kind for i, kind in enumerate(compared) if i == 0 or compared[i - 1] != kind]
+    assert runs[3:9] == ["plain", "full", "selective"] * 2  # past the warm-up, in turn
+    assert runs.count("plain") >= 4 and runs.count("full") == runs.count("plain")
+
+
+def test_the_recomputed_host_time_holds_at_a_plain_ops_when_checkpointing_adds_less_than_predicted():
+    from trainwise.calibration.host_time import recomputed_op_host
+
+    assert recomputed_op_host(0.004, 0.002, 100, 2e-6) == pytest.approx(20e-6)
+    assert recomputed_op_host(0.001, 0.002, 100, 2e-6) == 2e-6  # measured below predicted: noise
+    assert recomputed_op_host(0.004, 0.002, 0, 2e-6) == 2e-6  # nothing recomputed

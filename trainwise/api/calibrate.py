@@ -177,7 +177,9 @@ def _with_training_host(profile: DeviceProfile, device, settings, spreads: dict)
     from trainwise.calibration.host_time import measure_training_host
 
     fitted, found = measure_training_host(device, profile, settings)
-    spreads["training step"] = max(point["spread"] for point in (*found["steps"], found["recomputed"]))
+    checkpointed = (found["recomputed"], found["selective_recomputed"])
+    spreads["training step"] = max([point["spread"] for point in (*found["steps"], *checkpointed)]
+                                   + [point["plain_spread"] for point in checkpointed])
     profile.measured["host_dispatch_s_per_op"] = profile.host_s_per_op
     profile.measured["training_step"] = found
     return fitted

@@ -20,14 +20,15 @@ and the optimizer phase at the rate of a real AdamW step (memory.py). One
 factor over all of it, as before, gave attention the element-wise work's slowdown (2.5x
 where a step runs it 1.2-1.7x) and the optimizer the memory rate's (it runs 4-5x slower):
 over-predicting attention-heavy plans, under-predicting optimizer- and matmul-heavy ones.
-A third step, the small one with activation checkpointing, prices the host time of a
-recomputed op (its dispatch, the checkpoint's saved-tensor hooks, the block's Python run
-again): on the CPU 2-4x a plain op's, which the recomputed ops alone missed by 20-40 %.
-A fourth, the small one with selective checkpointing, prices the same under that policy:
-its policy runs in Python for every op of a checkpointed block, forward and recompute
-(torch.utils.checkpoint's selective dispatch mode), so on a small model its step ran
-slower than full checkpointing's while the time model, pricing it like full's recompute
-host, predicted it faster.
+Three more steps, timed side by side in interleaved blocks at 2 x 64 tokens (plain, with
+full checkpointing, with selective), price the host time of a recomputed op (its
+dispatch, the checkpoint's saved-tensor hooks, the block's Python run again; on the CPU
+2-4x a plain op's, which the recomputed ops alone missed by 20-40 %) from what each
+checkpointed step adds to the plain one, so that what the model gets wrong about the
+plain step cancels. Selective checkpointing gets its own figure: its policy runs in
+Python for every op of a checkpointed block, forward and recompute
+(torch.utils.checkpoint's selective dispatch mode), which pricing it like full's
+recompute host missed.
 
 The step's time is wall time at the process's thread count, as `trainwise train` times a
 step (timing.py: Synchronizer)."""
@@ -46,6 +47,10 @@ REFERENCE_MODEL = "tiny-llama"
 # (batch, tokens) of the two reference steps: one whose arithmetic is a few percent of the
 # step (sets the host time per op), one whose arithmetic is most of it (sets the factor).
 HOST_BOUND, COMPUTE_BOUND = (1, 8), (8, 256)
+# (batch, tokens) of the checkpointed steps and their plain twin: the sequence length the
+# time-model page runs, two sequences. At 1 x 8 tokens the figure did not carry over: there
+# selective checkpointing ran slower than full, at 4 x 64 in `trainwise train` faster.
+CHECKPOINTED = (2, 64)
 
 
 def measure_training_host(device: torch.device, measured: DeviceProfile, settings: Settings) -> tuple[DeviceProfile, dict]:
@@ -71,15 +76,16 @@ def measure_training_host(device: torch.device, measured: DeviceProfile, setting
                        "fixed_s": fixed_s, "ops": ops, "spread": spread})
     host, factor = host_and_factor(*points, least_host_s=measured.host_s_per_op)
     fitted = dataclasses.replace(measured, host_s_per_op=host, step_non_matmul_factor=factor)
-    recomputed = _recomputed_op_host(device, fitted, settings, "full")
-    fitted = dataclasses.replace(fitted, host_s_per_recomputed_op=recomputed["host_s_per_recomputed_op"])
-    selective = _recomputed_op_host(device, fitted, settings, "selective")
-    fitted = dataclasses.replace(fitted, host_s_per_selective_recomputed_op=selective["host_s_per_recomputed_op"])
+    recomputed, selective = _recomputed_op_hosts(device, fitted, settings)
+    fitted = dataclasses.replace(fitted, host_s_per_recomputed_op=recomputed["host_s_per_recomputed_op"],
+                                 host_s_per_selective_recomputed_op=selective["host_s_per_recomputed_op"])
     return fitted, {"what": f"{REFERENCE_MODEL} trained (forward, backward, clipping, AdamW, zero_grad)"
                                   " at two sizes; step = predicted matmuls and attention (x the contraction factor)"
                                   " and optimizer + factor x the other predicted arithmetic + host x ops (views a"
-                                  " quarter); the small one again with full, then selective checkpointing for a"
-                                  " recomputed op's host time under each policy",
+                                  " quarter); a recomputed op's host time under full, then selective checkpointing:"
+                                  f" {CHECKPOINTED[0]} x {CHECKPOINTED[1]} tokens with that checkpointing less the same"
+                                  " without it (timed in interleaved blocks) less the predicted rise, over the"
+                                  " recomputed ops",
                     "steps": points, "recomputed": recomputed, "selective_recomputed": selective,
                     "contraction": replayed}
 
@@ -89,26 +95,65 @@ def _steps(settings: Settings, size: tuple[int, int]) -> int:
     return (20 if settings.quick else 60) * (3 if size == HOST_BOUND else 1)
 
 
-def _recomputed_op_host(device: torch.device, fitted: DeviceProfile, settings: Settings, policy: str) -> dict:
-    """The host seconds of an op that checkpointing under `policy` recomputes: the small
-    reference step with that checkpointing, less its prediction with recomputed ops' host
-    time at 0, over the recomputed ops (views a quarter); at least a plain op's. Under the
-    selective policy this also carries the policy's Python dispatch of the block's forward
-    ops (as many per block as it recomputes, and the kept matmuls), which is why it is
-    measured apart."""
+def _recomputed_op_hosts(device: torch.device, fitted: DeviceProfile, settings: Settings) -> tuple[dict, dict]:
+    """The host seconds of an op that checkpointing recomputes, under the full and the
+    selective policy: each checkpointed step less the same plan without checkpointing,
+    timed side by side (interleaved blocks: what drifts on a busy machine drifts under
+    both), less the rise the time model predicts with a recomputed op's host time at 0,
+    over the recomputed ops (views a quarter); at least a plain op's. A difference of two
+    measured steps leaves out what the model gets wrong about the plain step: read as the
+    checkpointed step less its whole prediction, that error landed on the recomputed ops
+    (tiny-llama's full figure doubled between two quiet calibrations, and checkpointed
+    plans read 50-57 % high). Under the selective policy the figure also carries the
+    policy's Python dispatch of the block's forward ops (as many per block as it
+    recomputes, and the kept matmuls), which is why it is measured apart."""
     from trainwise.hardware.resolve import resolve_device
     from trainwise.plan.plan import Plan
 
-    plan = Plan(batch_size=HOST_BOUND[0], seq_len=HOST_BOUND[1], device="cpu", grad_ckpt=True,
-                grad_ckpt_policy=policy)
-    field = "host_s_per_selective_recomputed_op" if policy == "selective" else "host_s_per_recomputed_op"
-    free_host, unit_host = (priced.time.step_s for priced in _priced(plan, resolve_device("cpu"), [
-        dataclasses.replace(fitted, **{field: h}) for h in (0.0, 1.0)]))
-    step_s, spread = time_training_steps(device, plan, steps=_steps(settings, HOST_BOUND))
-    ops = unit_host - free_host
-    host = max((step_s - free_host) / ops if ops > 0 else 0.0, fitted.host_s_per_op)
-    return {"step_s": step_s, "predicted_without_recomputed_host_s": free_host, "recomputed_ops": ops,
-            "spread": spread, "host_s_per_recomputed_op": host}
+    cpu = resolve_device("cpu")
+    plain = Plan(batch_size=CHECKPOINTED[0], seq_len=CHECKPOINTED[1], device="cpu")
+    policies = {"full": "host_s_per_recomputed_op", "selective": "host_s_per_selective_recomputed_op"}
+    plans = [plain] + [plain.replace(grad_ckpt=True, grad_ckpt_policy=policy) for policy in policies]
+    blocks = time_interleaved_steps(device, plans, *_checkpointed_blocks(settings))
+    predicted_plain = _priced(plain, cpu, [fitted])[0].time.step_s
+    found = []
+    for (policy, field), plan, timed in zip(policies.items(), plans[1:], blocks[1:]):
+        free, unit = (priced.time.step_s for priced in _priced(plan, cpu, [
+            dataclasses.replace(fitted, **{field: h}) for h in (0.0, 1.0)]))
+        rises = [checkpointed - alone for checkpointed, alone in zip(timed, blocks[0])]
+        rise = statistics.median(rises)
+        ops = unit - free
+        found.append({"policy": policy, "batch_size": plain.batch_size, "seq_len": plain.seq_len,
+                      "step_s": statistics.median(timed), "spread": _spread(timed),
+                      "plain_step_s": statistics.median(blocks[0]), "plain_spread": _spread(blocks[0]),
+                      "measured_rise_s": rise, "rise_spread": _spread(rises),
+                      "predicted_without_recomputed_host_s": free, "predicted_plain_s": predicted_plain,
+                      "recomputed_ops": ops,
+                      "host_s_per_recomputed_op": recomputed_op_host(rise, free - predicted_plain, ops,
+                                                                     fitted.host_s_per_op)})
+    return found[0], found[1]
+
+
+def recomputed_op_host(measured_rise_s: float, predicted_rise_s: float, ops: float, least_host_s: float) -> float:
+    """Host seconds per recomputed op: what checkpointing added to the measured step
+    (`measured_rise_s`, the checkpointed step less the plain one) beyond what the time
+    model prices without their host time (`predicted_rise_s`: the recomputed arithmetic,
+    the checkpoint's other work), over the `ops` it recomputes; held at `least_host_s` (a
+    plain op's host time: a recomputed op runs the same dispatch and more)."""
+    return max((measured_rise_s - predicted_rise_s) / ops if ops > 0 else 0.0, least_host_s)
+
+
+def _checkpointed_blocks(settings: Settings) -> tuple[int, int]:
+    """(blocks, steps per block) of each plan of the checkpointing comparison: on a quiet
+    2-core EPYC a 2 x 64-token tiny-llama step is ~5-15 ms, so 12 blocks of 6 steps of three
+    plans are ~2.5 s, where the two 1 x 8-token checkpointed steps timed alone took ~7 s."""
+    return (6, 3) if settings.quick else (12, 6)
+
+
+def _spread(values: list[float]) -> float:
+    """(max - min) / |median|: the spread a profile records (inf for a median of 0)."""
+    median = abs(statistics.median(values))
+    return (max(values) - min(values)) / median if median else float("inf")
 
 
 def _priced(plan, device, profiles: list[DeviceProfile]) -> list:
@@ -169,18 +214,28 @@ def predicted_compute_and_ops(plan, device, measured: DeviceProfile) -> tuple[fl
 
 def time_training_steps(device: torch.device, plan, steps: int) -> tuple[float, float]:
     """(median seconds of one training step, (max - min) / median over blocks of steps)."""
-    one_step = reference_step(device, plan)
+    blocks = time_interleaved_steps(device, [plan], 5, steps // 5)[0]
+    return statistics.median(blocks), _spread(blocks)
+
+
+def time_interleaved_steps(device: torch.device, plans: list, blocks: int, steps: int) -> list[list[float]]:
+    """Seconds per training step of each of `plans`, one list per plan of `blocks` blocks of
+    `steps` steps each, the plans' blocks taken in turn (A, B, A, B, ...) so that a load
+    that comes and goes slows all of them alike, and block i of one plan may be compared
+    with block i of another."""
+    one_steps = [reference_step(device, plan) for plan in plans]
     clock = clock_of(synchronizer(device))
-    for _ in range(5):
-        one_step()  # warm-up: the optimizer's state, the allocator's caches
-    blocks = []
-    for _ in range(5):
-        started = clock()
-        for _ in range(steps // 5):
-            one_step()
-        blocks.append((clock() - started) / (steps // 5))
-    median = statistics.median(blocks)
-    return median, (max(blocks) - min(blocks)) / median
+    for one_step in one_steps:
+        for _ in range(5):
+            one_step()  # warm-up: the optimizer's state, the allocator's caches
+    seconds = [[] for _ in plans]
+    for _ in range(blocks):
+        for one_step, timed in zip(one_steps, seconds):
+            started = clock()
+            for _ in range(steps):
+                one_step()
+            timed.append((clock() - started) / steps)
+    return seconds
 
 
 def reference_step(device: torch.device, plan):
