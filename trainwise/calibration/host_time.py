@@ -144,9 +144,11 @@ def recomputed_op_host(measured_rise_s: float, predicted_rise_s: float, ops: flo
 
 
 def _checkpointed_blocks(settings: Settings) -> tuple[int, int]:
-    """(blocks, steps per block) of each plan of the checkpointing comparison: on a quiet
-    2-core EPYC a 2 x 64-token tiny-llama step is ~5-15 ms, so 12 blocks of 6 steps of three
-    plans are ~2.5 s, where the two 1 x 8-token checkpointed steps timed alone took ~7 s."""
+    """(blocks, steps per block) of each plan of the checkpointing comparison: 72 steps of
+    each of three plans (the quiet time-model page ran tiny-llama's 4 x 64-token steps in
+    12 ms plain, 18 ms under selective checkpointing; 2 x 64 runs less), where the 1 x 8
+    checkpointed steps read before were 180 of each of two (13 and 24 ms there). More,
+    shorter blocks: more pairs for the median of the per-block differences."""
     return (6, 3) if settings.quick else (12, 6)
 
 
