@@ -144,12 +144,13 @@ def recomputed_op_host(measured_rise_s: float, predicted_rise_s: float, ops: flo
 
 
 def _checkpointed_blocks(settings: Settings) -> tuple[int, int]:
-    """(blocks, steps per block) of each plan of the checkpointing comparison: 72 steps of
-    each of three plans (the quiet time-model page ran tiny-llama's 4 x 64-token steps in
-    12 ms plain, 18 ms under selective checkpointing; 2 x 64 runs less), where the 1 x 8
-    checkpointed steps read before were 180 of each of two (13 and 24 ms there). More,
-    shorter blocks: more pairs for the median of the per-block differences."""
-    return (6, 3) if settings.quick else (12, 6)
+    """(blocks, steps per block) of each plan of the checkpointing comparison: 128 steps of
+    each of three plans, about the time the 1 x 8 checkpointed steps read before took (180
+    of each of two, 13 and 24 ms on the quiet time-model page; in this process's CPU
+    seconds at one thread on a busy 2-core EPYC the three 2 x 64 steps ran 9, 12 and 17 ms,
+    the two 1 x 8 ones 8-10 and 17 ms). Many short blocks: many pairs for the median of
+    the per-block differences."""
+    return (6, 3) if settings.quick else (16, 8)
 
 
 def _spread(values: list[float]) -> float:
