@@ -48,8 +48,9 @@ REFERENCE_MODEL = "tiny-llama"
 # step (sets the host time per op), one whose arithmetic is most of it (sets the factor).
 HOST_BOUND, COMPUTE_BOUND = (1, 8), (8, 256)
 # (batch, tokens) of the checkpointed steps and their plain twin: the sequence length the
-# time-model page runs, two sequences. At 1 x 8 tokens the figure did not carry over: there
-# selective checkpointing ran slower than full, at 4 x 64 in `trainwise train` faster.
+# time-model page runs, two sequences. The 1 x 8-token step the figure was read from
+# before did not carry to the sizes users run (checkpointed plans at 64 tokens read
+# 50-57 % high).
 CHECKPOINTED = (2, 64)
 
 
