@@ -24,7 +24,7 @@ from trainwise.hardware.profile import (CORRECTIONS_OVER_CATALOG, DeviceProfile,
                                         write_profile)
 from trainwise.hardware.resolve import resolve_device
 from trainwise.plan.plan import Plan
-from trainwise.trace.op_costs import OpCosts
+from trainwise.trace.op_table import OpCosts
 
 MiB = 2**20
 

@@ -23,7 +23,7 @@ from trainwise.models import build_model_with_notes, example_batch, resolve_mode
 from trainwise.plan.plan import Plan
 from trainwise.trace.depth import with_blocks
 from trainwise.trace.flops import count_training_flops
-from trainwise.trace.op_costs import OpCosts
+from trainwise.trace.op_table import OpCosts
 
 CPU = resolve_device("cpu")
 # A made-up CPU: 10 GFLOP/s matmuls, 1 GB/s memory, 10 us to dispatch an op.

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from trainwise.hardware.profile import GB_S, DeviceProfile
-from trainwise.techniques.activation_offload import OFFLOADED_OP
 from trainwise.trace.depth import DepthFit, extrapolate_by_kind
-from trainwise.trace.step_trace import StepTrace
+from trainwise.trace.step_trace_data import StepTrace
+from trainwise.trace.storage import ALLOC, OFFLOADED_OP
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,6 @@ def _copied_bytes(trace: StepTrace) -> int:
     """Bytes of host copies made inside the measured window."""
     made = set()
     for index, (kind, key) in enumerate(trace.events):
-        if index >= trace.window_start and kind == "alloc" and trace.records[key].op == OFFLOADED_OP:
+        if index >= trace.window_start and kind == ALLOC and trace.records[key].op == OFFLOADED_OP:
             made.add(key)
     return sum(trace.records[key].nbytes for key in made)

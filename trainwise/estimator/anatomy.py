@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from trainwise.trace.recorder import ALLOC
-from trainwise.trace.step_trace import StepTrace
+from trainwise.trace.step_trace_data import StepTrace
+from trainwise.trace.storage import ALLOC
 
 
 @dataclass(frozen=True)

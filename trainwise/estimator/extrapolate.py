@@ -35,10 +35,10 @@ import difflib
 from collections import Counter
 from typing import NamedTuple
 
-from trainwise.trace.blocks import NO_BLOCK
+from trainwise.trace.block_ids import NO_BLOCK
 from trainwise.trace.depth import TRACED_BLOCKS, DepthFit, extrapolate_by_kind
-from trainwise.trace.recorder import ALLOC, StorageRecord
-from trainwise.trace.step_trace import StepTrace
+from trainwise.trace.step_trace_data import StepTrace
+from trainwise.trace.storage import ALLOC, StorageRecord
 
 
 def extrapolate_dataclass(traced: list, fit: DepthFit):

@@ -9,9 +9,8 @@ from dataclasses import dataclass, field
 from trainwise.estimator.anatomy import replay
 from trainwise.estimator.caching_allocator import AllocatorStats, CachingAllocatorModel, round_block_size
 from trainwise.hardware import Device
-from trainwise.techniques.activation_offload import OFFLOADED_OP
-from trainwise.trace.recorder import ALLOC
-from trainwise.trace.step_trace import StepTrace
+from trainwise.trace.step_trace_data import StepTrace
+from trainwise.trace.storage import ALLOC, OFFLOADED_OP
 
 # cuBLAS keeps one workspace per (handle, stream); a handle is per thread, and autograd runs
 # CUDA backward on its own device thread, so a training step holds two.

@@ -28,7 +28,8 @@ from trainwise.models import ModelSpec, build_model_with_notes, example_batch
 from trainwise.plan.plan import Plan
 from trainwise.trace.depth import (TRACED_BLOCKS, DepthFit, block_count, checkpoint_every, depth_fit,
                                    extrapolate_by_kind, with_blocks)
-from trainwise.trace.step_trace import StepTrace, priced_as, trace_training_step
+from trainwise.trace.step_trace import trace_training_step
+from trainwise.trace.step_trace_data import StepTrace, priced_as
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ docs/plan.md, "The step-time model", for what this ignores."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from trainwise.common.rates import JobRates
 from trainwise.estimator.activation_offload_time import activation_offload_seconds
@@ -47,10 +47,8 @@ from trainwise.hardware.profile import CATALOG_RATES, DeviceProfile, Rate
 from trainwise.hardware.rate import stand_in_dtype
 from trainwise.plan.plan import Plan
 from trainwise.trace.depth import DepthFit
-from trainwise.trace.op_costs import OpCosts
-
-if TYPE_CHECKING:  # a priced cached step needs no tracing machinery
-    from trainwise.trace.step_trace import StepTrace
+from trainwise.trace.op_table import OpCosts
+from trainwise.trace.step_trace_data import StepTrace
 
 CATEGORIES = ("matmul", "attention", "normalization", "elementwise", "optimizer", "recompute", "host_overhead",
               "data", "communication_exposed", "communication_overlapped", "pipeline_bubble", "offload")

@@ -4,21 +4,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from trainwise.estimator.activation_offload_time import OffloadTraffic, offload_traffic
 from trainwise.plan.plan import Plan
 from trainwise.trace.depth import DepthFit, extrapolate_by_kind
-from trainwise.trace.op_costs import OpCosts
-
-if TYPE_CHECKING:  # a priced cached step needs no tracing machinery
-    from trainwise.trace.step_trace import StepTrace
+from trainwise.trace.op_table import OpCosts
+from trainwise.trace.step_trace_data import StepTrace
 
 
 @dataclass(frozen=True)
 class StepWork:
     """What a traced step does, read at full depth, before a device profile prices it: the
-    op table (trainwise/trace/op_costs.py) and, under --activation-offload, the bytes each
+    op table (trainwise/trace/op_table.py) and, under --activation-offload, the bytes each
     micro-batch copies to the host. The trace cache (estimator/trace_cache.py) keeps it, so a
     profile calibrated later prices a cached step as it prices a fresh one."""
 

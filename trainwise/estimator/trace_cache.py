@@ -41,7 +41,7 @@ from trainwise.hardware.profile import DeviceProfile
 from trainwise.models.catalog import CatalogRecord
 from trainwise.plan.plan import Plan
 from trainwise.trace.depth import TRACED_BLOCKS
-from trainwise.trace.op_costs import OpCosts
+from trainwise.trace.op_table import OpCosts
 
 FORMAT = 1
 # Packages whose code runs in the trace (a technique's, where installed); absent ones count too.

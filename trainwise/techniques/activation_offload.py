@@ -35,8 +35,6 @@ from trainwise.common.errors import InputError
 # Smallest saved tensor worth a copy (bytes): a PCIe copy's ~10 us fixed cost moves ~200 KiB.
 MIN_OFFLOAD_BYTES = 64 * 1024
 FLAG = "--activation-offload"
-# The `op` of a host copy's record in a traced step (trainwise/trace/step_trace.py).
-OFFLOADED_OP = "activation_offload"
 # Attribute of a prepared model holding its offloader (the trace configures it).
 OFFLOADER_ATTRIBUTE = "_trainwise_activation_offloader"
 # Autograd nodes that only view or cast their one input: a saved tensor reached from a

@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils._pytree import tree_leaves
 
-NO_BLOCK = -1
+from trainwise.trace.block_ids import NO_BLOCK
 
 
 def find_block_stacks(model: nn.Module) -> list[tuple[str, list[nn.Module]]]:

@@ -29,9 +29,12 @@ reduction it cannot fuse, or fuse across a matmul's epilogue; neither is modelle
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from trainwise.trace.blocks import NO_BLOCK, BlockTracker
+from trainwise.trace.block_ids import NO_BLOCK
+
+if TYPE_CHECKING:  # a hint only: the tracker is torch code, the grouping is not
+    from trainwise.trace.blocks import BlockTracker
 
 FUSIBLE = ("elementwise", "normalization", "transcendental")
 EXTERN = ("matmul", "attention")  # library kernels the compiled wrapper calls one by one

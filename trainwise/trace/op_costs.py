@@ -1,11 +1,10 @@
 """The work of every op of a traced step, added up by kind: what the step-time model reads.
 
 While the memory trace runs (trainwise/trace/recorder.py), every aten op it sees is added
-to one row keyed by (phase, micro-step, op class, dtype name, recomputed?, head dim)
-holding (ops, FLOPs, bytes read, bytes written). Rows, not a list of ops, keep the memory
-of a trace of a deep model small; the time of an op depends only on its class, dtype and
-size (and an attention kernel's on its head dim: the last dimension of its query, 0 for
-every other op), and the model (trainwise/estimator/step_time.py) is linear in those sums.
+to one row of the step's op table (trainwise/trace/op_table.py: `OpCosts`) keyed by (phase,
+micro-step, op class, dtype name, recomputed?, head dim) holding (ops, FLOPs, bytes read,
+bytes written); the head dim is the last dimension of an attention kernel's query, 0 for
+every other op.
 
 Op classes (decided here, documented in docs/plan.md):
 * "matmul": matrix products and convolutions (mm, bmm, addmm, baddbmm, convolution and its
@@ -46,7 +45,6 @@ module, `backward()` itself makes the first gradient (ones) with grad mode on.""
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -54,8 +52,8 @@ from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sd
 
 from trainwise.trace.flops_formulas import flash_layout, model_flop_formulas
 from trainwise.trace.fusion import CompiledRegions, FusionGrouper
+from trainwise.trace.op_table import OpCosts
 
-CLASSES = ("matmul", "attention", "normalization", "transcendental", "random", "elementwise", "metadata")
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
 for _name in ("float8_e4m3fn", "float8_e5m2"):
     if hasattr(torch, _name):
@@ -90,37 +88,6 @@ RANDOM_OPS = ("bernoulli", "bernoulli_", "native_dropout", "rand", "rand_like", 
 # `_unsafe_view` is a view whose schema does not say so.
 NO_KERNEL_OPS = ("_unsafe_view", "empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "detach",
                  "alias", "lift_fresh", "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset")
-
-
-@dataclass
-class OpCosts:
-    """Totals of a traced step's ops: `rows[(phase, micro_step, op class, dtype, recomputed,
-    head dim)]` = [ops, FLOPs, bytes read, bytes written]. `micro_step` is 0 for the first
-    micro-step and 1 for the second (the trace runs at most two; later ones repeat the
-    second), 0 outside forward/backward/data. `head dim` is an attention kernel's (the last
-    dimension of its query), 0 for every other op."""
-
-    rows: dict[tuple[str, int, str, str, bool, int], list[int]] = field(default_factory=dict)
-    # Under --compile, the work of the compiled regions as inductor launches it, same keys
-    # and columns with ops counting launched kernels (trainwise/trace/fusion.py); the ops
-    # run eager stay in `rows`. Empty for an eager step.
-    compiled: dict[tuple[str, int, str, str, bool, int], list[int]] = field(default_factory=dict)
-
-    def total(self, index: int, **match) -> int:
-        """Sum of column `index` (0 ops, 1 FLOPs, 2 read, 3 written) over rows whose key
-        fields equal `match` (phase=, micro_step=, op_class=, dtype=, recomputed=, head_dim=)."""
-        return sum(values[index] for key, values in self.rows.items() if _matches(key, match))
-
-    def compiled_total(self, index: int, **match) -> int:
-        """As `total`, over the compiled regions' rows."""
-        return sum(values[index] for key, values in self.compiled.items() if _matches(key, match))
-
-
-_FIELDS = ("phase", "micro_step", "op_class", "dtype", "recomputed", "head_dim")
-
-
-def _matches(key: tuple, match: dict) -> bool:
-    return all(key[_FIELDS.index(name)] == value for name, value in match.items())
 
 
 class OpCostRecorder:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -11,30 +10,15 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from trainwise.trace.blocks import NO_BLOCK, BlockTracker
+from trainwise.trace.block_ids import NO_BLOCK
+from trainwise.trace.blocks import BlockTracker
 from trainwise.trace.module_scope import ModuleScope
 from trainwise.trace.plain_batch import SCALAR_READS, PlainBatchAnswers
+from trainwise.trace.storage import ALLOC, FREE, StorageRecord
 
-ALLOC, FREE = "alloc", "free"
 # `tensor.device` of a fake tensor, dispatched as an op: it makes no storage and answers no
 # question about values (plain_batch.py), so it only counts as the metadata op it is.
 DEVICE_QUERY = torch.ops.prim.device.default
-
-
-@dataclass
-class StorageRecord:
-    """One storage the step created. `category` is settled after the step (see StepTrace)."""
-
-    key: int
-    nbytes: int
-    phase: str
-    module: str
-    op: str
-    saved_in: set[str] = field(default_factory=set)  # phases in which autograd saved it
-    category: str = "temporary"
-    owner: int = NO_BLOCK  # the repeated block it belongs to (an index of StepTrace.blocks)
-    # Kept in host memory even when the parameters are on an accelerator (see step_trace.py).
-    host_resident: bool = False
 
 
 class AllocationRecorder(TorchDispatchMode):

@@ -1,10 +1,9 @@
-"""Trace one steady-state training step on fake tensors: the StepTrace every estimate reads."""
+"""Trace one steady-state training step on fake tensors: the StepTrace every estimate reads
+(its data: trainwise/trace/step_trace_data.py)."""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -12,7 +11,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from trainwise.plan.plan import Plan
 from trainwise.techniques import build_optimizer, compute_loss, precision_policy
-from trainwise.techniques.activation_offload import OFFLOADED_OP, OFFLOADER_ATTRIBUTE
+from trainwise.techniques.activation_offload import OFFLOADER_ATTRIBUTE
 from trainwise.techniques.precision import PrecisionPolicy
 from trainwise.techniques.selective_checkpoint import observe_kept
 from trainwise.trace.autocast_policy import autocast_for_target, cuda_autocast_kernels
@@ -24,43 +23,11 @@ from trainwise.trace.layer_norm_stats import layer_norm_fixes
 from trainwise.trace.module_scope import ModuleScope
 from trainwise.trace.moe_kernels import traceable_experts
 from trainwise.trace.fusion import CompiledRegions
-from trainwise.trace.op_costs import OpCostRecorder, OpCosts
-from trainwise.trace.recorder import AllocationRecorder, StorageRecord
+from trainwise.trace.op_costs import OpCostRecorder
+from trainwise.trace.recorder import AllocationRecorder
+from trainwise.trace.step_trace_data import StepTrace
+from trainwise.trace.storage import OFFLOADED_OP
 from trainwise.trace.untraced_transformers import documents_in_every_row, fake_tensors_are_not_tracing
-
-CATEGORIES = ("weights", "buffers", "gradients", "optimizer", "activations", "temporary")
-
-
-@dataclass
-class StepTrace:
-    """Every allocation of one training step, in program order.
-
-    `events` are (alloc|free, storage key) pairs; `records[key]` says how big each storage
-    was, which phase and module created it and its category. Events before `window_start`
-    set up the state the measured step starts from (weights, optimizer state); peaks are
-    read from the window only, as a long training run's peak is a steady-state step's.
-
-    `blocks` lists the repeated blocks of the model as (stack name, position);
-    `event_blocks[i]` is the block running at event i (-1: none) and `records[key].owner`
-    the block a storage belongs to (see trainwise/trace/blocks.py)."""
-
-    events: list[tuple[str, int]]
-    records: list[StorageRecord]
-    window_start: int
-    phase_starts: list[tuple[str, int]]  # (phase, first event index) inside the window
-    params: int
-    trainable_params: int
-    micro_steps_traced: int
-    target_device_type: str
-    event_blocks: list[int] = field(default_factory=list)
-    blocks: list[tuple[str, int]] = field(default_factory=list)
-    # Every op's work after setup, summed by kind (trainwise/trace/op_costs.py), as the
-    # traced plan runs it (compiled regions priced as fused kernels under --compile).
-    op_costs: OpCosts = field(default_factory=OpCosts)
-    # The same ops priced with --compile off (False) and on (True, per the plan's
-    # compile_scope), those the trace recorded: compile changes what the ops cost, not
-    # which ops run or what they allocate, so a plan and its compile twin share one trace.
-    op_costs_by_compile: dict[bool, OpCosts] = field(default_factory=dict)
 
 
 def trace_training_step(model: nn.Module, batch_fn, plan: Plan, target_device_type: str,
@@ -71,7 +38,7 @@ def trace_training_step(model: nn.Module, batch_fn, plan: Plan, target_device_ty
     fake). `target_device_type` ('cpu' or 'cuda') selects the autocast policy and optimizer
     kernels the real step would use; the trace itself always runs on fake CPU tensors.
     `compiled_pricing`: price the ops as compiled too when the plan does not compile
-    (`op_costs_by_compile`, see `priced_as`)."""
+    (`op_costs_by_compile`, see step_trace_data.py's `priced_as`)."""
     from trainwise.techniques.recipe import prepare_model
 
     policy = precision_policy(plan.precision, target_device_type)
@@ -111,13 +78,6 @@ def trace_training_step(model: nn.Module, batch_fn, plan: Plan, target_device_ty
     return StepTrace(recorder.events, recorder.records, window_start, phase_starts, params, trainable,
                      micro_steps, target_device_type, recorder.event_blocks, blocks.blocks, pricings[plan.compile],
                      pricings)
-
-
-def priced_as(trace: StepTrace, compiled: bool) -> StepTrace:
-    """`trace` with its ops priced as the step runs them with --compile on or off (KeyError
-    when the trace did not record that pricing: trace_training_step's `compiled_pricing`)."""
-    costs = trace.op_costs_by_compile[compiled]
-    return trace if costs is trace.op_costs else dataclasses.replace(trace, op_costs=costs)
 
 
 def offloaded_activations(model: nn.Module, recorder: AllocationRecorder, target_device_type: str) -> None:
