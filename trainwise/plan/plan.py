@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,7 +116,9 @@ class Plan:
         return cls(**validated_values(cls.specs(), values, source, "knob"))
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        # Every knob is a scalar (tests/test_plan.py), so reading the fields is a full copy;
+        # dataclasses.asdict deep-copies each, and a search reads thousands of plans' knobs.
+        return {name: getattr(self, name) for name in _field_names()}
 
     def replace(self, **changes) -> "Plan":
         return Plan.from_dict({**self.to_dict(), **changes})
@@ -123,6 +126,11 @@ class Plan:
     def changed_knobs(self) -> dict[str, Any]:
         """Knobs that differ from their defaults, for compact display."""
         return {s.name: getattr(self, s.name) for s in self.specs() if getattr(self, s.name) != s.default}
+
+
+@functools.cache
+def _field_names() -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(Plan))
 
 
 _TRUE = {"1", "true", "yes", "on"}
