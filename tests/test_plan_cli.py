@@ -339,3 +339,23 @@ def test_a_global_batch_given_beyond_the_datas_rows_searches_micro_batches_the_d
                          evaluator=formula, rows=6)
     assert {mb for mb, _ in report.space.batches} == {1, 2, 4}
     assert all(c.plan.batch_size <= 6 for c in report.result.ranked)
+
+
+def test_the_search_estimates_with_the_imports_objects_out_of_the_collectors_walks():
+    # Every estimate of a search traces, and each trace makes objects enough for thousands of
+    # collections: the objects made before it (the imports') are frozen while it runs
+    # (common/frozen_heap.py), and collectable again after it.
+    import gc
+
+    from trainwise.api.search import plan_search
+
+    frozen = []
+
+    def evaluator(plan):
+        frozen.append(gc.get_freeze_count())
+        return formula(plan)
+    assert gc.get_freeze_count() == 0
+    plan_search("tiny-llama", Plan(device="H100", seq_len=64), {"seq_len", "device"}, global_batch=16,
+                evaluator=evaluator)
+    assert frozen and min(frozen) > 10_000  # torch's and transformers' modules, classes, functions
+    assert gc.get_freeze_count() == 0

@@ -17,6 +17,7 @@ from trainwise.api.compatibility import check_request
 from trainwise.api.estimate import estimate
 from trainwise.api.search_layouts import check_layout_request, layout_candidates
 from trainwise.common.errors import InputError
+from trainwise.common.frozen_heap import frozen_heap
 from trainwise.common.progress import Progress, silent
 from trainwise.common.units import human_bytes
 from trainwise.estimator.shared_traces import SharedTraces
@@ -161,24 +162,26 @@ def plan_search(model: str | ModelSpec, base: Plan, fixed: set[str] | frozenset[
                         attention_refusals=_attention_refusals(device, spec), installed_only=installed_only,
                         rows=rows)
     topology = {"gpus_per_node": gpus_per_node, "inter_node_gbps": inter_node_gbps} if gpus > 1 else {}
-    evaluator = evaluator or estimate_evaluator(spec, profile, **topology)
-    extra, notes = (layout_candidates(spec, space, device, profile, gpus, gpus_per_node, inter_node_gbps,
-                                      global_batch, progress) if gpus > 1 else ([], []))
-    with quiet_transformers():  # model-code warnings (e.g. use_cache under checkpointing) repeat per trace
-        result = search(space, device, evaluator, capacity_bytes=capacity, top=top, margin=margin, extra=extra,
-                        own_screen=gpus == 1, progress=progress)
-        if gpus == 1:  # layouts keep what they were screened with (these techniques are refused there)
-            result = refine(result, space, device, evaluator, top)
-    result.notes[:0] = notes
-    if not result.ranked:
-        raise nothing_fits(result, space, device, evaluator, Launch(spec.name, gpus_per_node=gpus_per_node))
-    # An alternative that was confirmed is judged by its exact estimate, like the winner.
-    confirmed = {c.plan: c for c in result.ranked}
-    judged = [confirmed.get(c.plan, c) for c in result.screened]
-    lines = confirmed_alternatives(result, judged, ALTERNATIVE_KNOBS if gpus == 1 else ("grad_ckpt",), device,
-                                   evaluator)
-    if gpus > 1:
-        lines += layout_alternatives(result.ranked[0], judged, result.usable_bytes, result.timed)
+    # Every estimate below traces: the imports' objects are kept out of the collector's walks.
+    with frozen_heap():
+        evaluator = evaluator or estimate_evaluator(spec, profile, **topology)
+        extra, notes = (layout_candidates(spec, space, device, profile, gpus, gpus_per_node, inter_node_gbps,
+                                          global_batch, progress) if gpus > 1 else ([], []))
+        with quiet_transformers():  # model-code warnings (e.g. use_cache under checkpointing) repeat per trace
+            result = search(space, device, evaluator, capacity_bytes=capacity, top=top, margin=margin, extra=extra,
+                            own_screen=gpus == 1, progress=progress)
+            if gpus == 1:  # layouts keep what they were screened with (these techniques are refused there)
+                result = refine(result, space, device, evaluator, top)
+        result.notes[:0] = notes
+        if not result.ranked:
+            raise nothing_fits(result, space, device, evaluator, Launch(spec.name, gpus_per_node=gpus_per_node))
+        # An alternative that was confirmed is judged by its exact estimate, like the winner.
+        confirmed = {c.plan: c for c in result.ranked}
+        judged = [confirmed.get(c.plan, c) for c in result.screened]
+        lines = confirmed_alternatives(result, judged, ALTERNATIVE_KNOBS if gpus == 1 else ("grad_ckpt",), device,
+                                       evaluator)
+        if gpus > 1:
+            lines += layout_alternatives(result.ranked[0], judged, result.usable_bytes, result.timed)
     return PlanReport(model=spec.name, device=device, capacity_bytes=capacity, margin=margin, space=space,
                       result=result, why_lost=lines, seconds=time.perf_counter() - started)
 
