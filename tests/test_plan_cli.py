@@ -343,19 +343,22 @@ def test_a_global_batch_given_beyond_the_datas_rows_searches_micro_batches_the_d
 
 def test_the_search_estimates_with_the_imports_objects_out_of_the_collectors_walks():
     # Every estimate of a search traces, and each trace makes objects enough for thousands of
-    # collections: the objects made before it (the imports') are frozen while it runs
-    # (common/frozen_heap.py), and collectable again after it.
+    # collections: the objects made before it (the imports') are frozen and full collections
+    # are rarer while it runs (common/frozen_heap.py); both are undone after it.
     import gc
 
     from trainwise.api.search import plan_search
+    from trainwise.common.frozen_heap import FULL_COLLECTION_EVERY
 
-    frozen = []
+    seen = []
 
     def evaluator(plan):
-        frozen.append(gc.get_freeze_count())
+        seen.append((gc.get_freeze_count(), gc.get_threshold()[2]))
         return formula(plan)
+    before = gc.get_threshold()
     assert gc.get_freeze_count() == 0
     plan_search("tiny-llama", Plan(device="H100", seq_len=64), {"seq_len", "device"}, global_batch=16,
                 evaluator=evaluator)
-    assert frozen and min(frozen) > 10_000  # torch's and transformers' modules, classes, functions
-    assert gc.get_freeze_count() == 0
+    assert seen and min(f for f, _ in seen) > 10_000  # torch's and transformers' modules, classes, functions
+    assert {t for _, t in seen} == {max(before[2], FULL_COLLECTION_EVERY)}
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
