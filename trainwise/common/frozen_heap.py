@@ -6,7 +6,7 @@ Python objects, some in reference cycles, so the cyclic collector runs thousands
 Its full collections walk every tracked object: what importing torch, transformers and peft
 made (modules, classes, functions, ~370,000 objects when the search starts), which lives
 until the process ends, and the large traces the search holds. In the 8B search of
-benchmarks/plan_search_time.py, 11 full collections took 1.8 of its 2.4 CPU seconds of
+benchmarks/plan_search_time.py, 11 full collections took 1.8 of its 2.4-2.5 CPU seconds of
 collection. Here the objects alive when the work starts are frozen (`gc.freeze`: left out
 of every collection), and a full collection waits for 100 collections of the middle
 generation instead of 10: 8 full collections (those of the imports before the search
