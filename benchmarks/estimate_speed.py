@@ -7,7 +7,7 @@ load average at the start (the last line also at the end). Last, what a user wai
 the command line from a cold start (`trainwise estimate bert-large-uncased ...` in a fresh
 process, Python start, torch and transformers imports included), next to the in-process
 figure: first with an empty trace cache (a temporary one per run: the headline), then
-with the cache a previous process filled (the same request again; no transformers import,
+with the cache a previous process filled (the same request again; no torch or transformers import,
 no trace). The in-process cases do not use the trace cache. Targets on 2 cores: bert-large-uncased batch 4 x 512 under 5 s, Llama-3.1-70B
 batch 1 x 4096 bf16 under 30 s.
 
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                       **common}), flush=True)
     print(json.dumps({"case": f"cold CLI, repeated (trace cache filled by a previous process): {line}",
                       "seconds": round(statistics.median(repeated), 3), "runs": [round(r, 3) for r in repeated],
-                      "includes": "Python start-up, torch import, the cached figures priced; no transformers, no trace",
+                      "includes": "Python start-up, the cached figures priced; no torch, no transformers, no trace",
                       **common, "load_at_end": _load()}), flush=True)
     return 0 if all_met else 1
 
