@@ -35,8 +35,11 @@ demo: setup
 # That pass collects only the files that mark a float8 test (collecting all 110 files costs
 # ~15 s on 2 cores to select a handful).
 FLOAT8_FILES = $(shell grep -l "mark.float8" tests/test_*.py)
+# Two workers, each test file whole on one (its module fixtures run once): much of the suite
+# is single-threaded Python (tracing on fake tensors, process start-up), which leaves a
+# core idle; the distributed tests' ranks share the cores either way.
 test: setup $(TORCHAO_STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 	TRAINWISE_FLOAT8_PASS=1 PYTHONPATH=$(TORCHAO) $(PY) -m pytest -m float8 -p no:cacheprovider $(FLOAT8_FILES)
 
 # Local iteration: leaves out the tests marked slow (over ~10 s) or distributed (torchrun/gloo).
