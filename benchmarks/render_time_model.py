@@ -25,6 +25,13 @@ def _metrics(name: str, found: dict) -> str:
     return f"| {name} | {found['n']} | {mape} | {rho} |"
 
 
+def _reference_steps() -> str:
+    from trainwise.calibration.host_time import COMPUTE_BOUND, HOST_BOUND, REFERENCE_MODEL
+
+    return (f"{REFERENCE_MODEL} trained at {HOST_BOUND[0]} x {HOST_BOUND[1]} and {COMPUTE_BOUND[0]} x "
+            f"{COMPUTE_BOUND[1]} tokens")
+
+
 def _clock(clock: str) -> str:
     if clock == "cpu":
         return ("the train process's CPU seconds per step (`step_cpu_s` in its metrics; one thread, so the "
@@ -70,8 +77,24 @@ def render(rows: list[dict], summary: dict, verdict: str, warnings: list[str], a
     if summary.get("correction"):
         lines.append(_metrics(f"held out x {summary['correction']:.3f} (the calibration rows' median "
                               "measured/predicted)", summary["held_out_corrected"]))
+    machine = summary.get("drift")
+    if machine:
+        lines.append(_metrics(f"all, predictions x {machine['ratio']:.3f} (the machine's drift since calibration, "
+                              "measured below; not fitted on these rows)", summary["drift_scaled"]))
     if summary.get("wall") and args.clock != "wall":
         lines.append(_metrics("all, against wall seconds (what a busy machine adds: not modelled)", summary["wall"]))
+    if machine:
+        lines += ["", f"The machine's drift (measured): calibrate's reference steps ({_reference_steps()}), timed again "
+                      "in a fresh process before each round of runs and after the last, took "
+                      f"{machine['ratio']:.3f} x the calibration's seconds (median; {machine['low']:.3f} to "
+                      f"{machine['high']:.3f} over {len(machine['probes'])} timings; > 1: the machine ran slower than "
+                      "while it was calibrated).", "",
+                  "| timing | " + " | ".join(f"{size} s (measured)" for size in machine["probes"][0]["now_s"])
+                  + " | x calibration |", "| --- |" + " ---: |" * (len(machine["probes"][0]["now_s"]) + 1),
+                  "| calibration | " + " | ".join(_seconds(s) for s in machine["probes"][0]["calibrated_s"].values())
+                  + " | 1 |"]
+        lines += [f"| {index + 1} | " + " | ".join(_seconds(s) for s in probe["now_s"].values())
+                  + f" | {probe['ratio']:.3f} |" for index, probe in enumerate(machine["probes"])]
     if profile is not None:
         lines += ["", f"Device profile ({profile.source}, measured {profile.measured.get('date', '?')} in "
                       f"{profile.measured.get('seconds', '?')} s):", "",

@@ -72,7 +72,7 @@ def measure_training_host(device: torch.device, measured: DeviceProfile, setting
     for batch_size, seq_len in (HOST_BOUND, COMPUTE_BOUND):
         plan = Plan(batch_size=batch_size, seq_len=seq_len, device="cpu")
         compute_s, fixed_s, ops = predicted_compute_and_ops(plan, resolve_device("cpu"), measured)
-        step_s, spread = time_training_steps(device, plan, steps=_steps(settings, (batch_size, seq_len)))
+        step_s, spread = time_training_steps(device, plan, steps=steps_timed(settings, (batch_size, seq_len)))
         points.append({"batch_size": batch_size, "seq_len": seq_len, "step_s": step_s, "arithmetic_s": compute_s,
                        "fixed_s": fixed_s, "ops": ops, "spread": spread})
     host, factor = host_and_factor(*points, least_host_s=measured.host_s_per_op)
@@ -91,8 +91,9 @@ def measure_training_host(device: torch.device, measured: DeviceProfile, setting
                     "contraction": replayed}
 
 
-def _steps(settings: Settings, size: tuple[int, int]) -> int:
-    """Steps to time: the small step is a few ms, thrice the steps for as steady a median."""
+def steps_timed(settings: Settings, size: tuple[int, int]) -> int:
+    """Steps to time of a reference step of `size` (HOST_BOUND or COMPUTE_BOUND): the
+    small step is a few ms, thrice the steps for as steady a median."""
     return (20 if settings.quick else 60) * (3 if size == HOST_BOUND else 1)
 
 
