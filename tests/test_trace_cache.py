@@ -128,16 +128,23 @@ def test_the_command_line_says_when_it_read_the_cache_and_no_cache_traces(traces
     assert len(traces_counted) == 2
 
 
-def test_a_cached_estimate_imports_no_torch_or_transformers(tmp_path, monkeypatch):
-    """The command line's run of a request another process traced: neither torch nor
-    transformers imported (most of a cold start's time), no model built, the traced
-    estimate's JSON."""
+# What `estimate --json` never needs: torch and transformers (most of a cold start's time)
+# where the cache answers, and on every run the table's rich, the plan file's yaml, train's
+# run checks (registering train's flags imports its module) and the --from-training-args
+# readers.
+NOT_IMPORTED = ("torch", "transformers", "rich", "yaml", "trainwise.engine.data", "trainwise.engine.reports",
+                "trainwise.plan.foreign_config")
+
+
+def test_a_cached_json_estimate_imports_nothing_it_does_not_need(tmp_path, monkeypatch):
+    """The command line's run of a request another process traced: none of NOT_IMPORTED
+    imported, no model built, the traced estimate's JSON."""
     monkeypatch.setenv("TRAINWISE_CACHE", str(tmp_path))
     traced = estimate(MODEL, PLAN, cache=True)
     code = ("import sys, runpy; sys.argv = sys.argv[1:]\n"
             "try:\n    runpy.run_module('trainwise', run_name='__main__')\n"
             "except SystemExit as stop:\n    assert not stop.code, stop.code\n"
-            "print('imported:', [name for name in ('torch', 'transformers') if name in sys.modules], file=sys.stderr)")
+            f"print('imported:', [name for name in {NOT_IMPORTED!r} if name in sys.modules], file=sys.stderr)")
     again = subprocess.run([sys.executable, "-c", code, "trainwise", *ARGV, "--json"], capture_output=True, text=True,
                            env=dict(os.environ), timeout=300)
     assert again.returncode == 0, again.stderr

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainwise.engine.data.source_check import check_data_source
-from trainwise.engine.reports import check_reports
 from trainwise.engine.run_config import RunConfig
 from trainwise.plan.auto_request import AutoRequest
 from trainwise.plan.plan import Plan
@@ -41,6 +39,10 @@ class CheckedRun:
 def check_run(run_config: RunConfig, plan: Plan) -> CheckedRun:
     """Refuse run settings that cannot work, before any process starts; the torch-free
     checks first (before the heavy imports and any search)."""
+    # Imported here: `trainwise estimate` registers train's flags, which imports this module.
+    from trainwise.engine.data.source_check import check_data_source
+    from trainwise.engine.reports import check_reports
+
     check_reports(run_config)
     check_data_source(run_config)
     from trainwise.engine.checkpoint_saves import check_async_request

@@ -59,12 +59,8 @@ def run(args) -> int:
     check_device_name(plan.device)
     per_node = per_node or (foreign.gpus_per_node if foreign else None)
     # torch and transformers (seconds of a cold start) only once the flags are known good.
-    from rich.console import Console
-
     from trainwise.api import estimate
-    from trainwise.cli.output import print_json
-    from trainwise.cli.render_estimate import render_estimate
-    from trainwise.cli.render_foreign import render_foreign
+    from trainwise.cli.output import FROM_CACHE, print_json
 
     plan = resolve_auto(auto, plan, args.model, plan.device, args.task, args.trust_remote_code)
     result = estimate(args.model, plan, task=args.task, trust_remote_code=args.trust_remote_code,
@@ -78,10 +74,14 @@ def run(args) -> int:
             data["from_training_args"] = foreign.to_json()
         print_json(data)
         if result.from_cache:  # the JSON is the traced estimate's, word for word
-            from trainwise.cli.render_estimate import FROM_CACHE
-
             print(FROM_CACHE, file=sys.stderr)
     else:
+        # The table's modules (rich) only for a table: --json needs none of them.
+        from rich.console import Console
+
+        from trainwise.cli.render_estimate import render_estimate
+        from trainwise.cli.render_foreign import render_foreign
+
         console = Console()
         if foreign:
             render_foreign(foreign, console)

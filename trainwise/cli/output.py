@@ -5,6 +5,10 @@ from __future__ import annotations
 import json
 import sys
 
+# Said when an estimate's figures were read from the trace cache (estimator/trace_cache.py),
+# in the table and, on stderr, beside the JSON; here, not with the table, so `--json` imports no rich.
+FROM_CACHE = "traces: reused from the cache (same model, plan and versions)"
+
 
 def print_json(data) -> None:
     """Write `data` to stdout as indented JSON, one trailing newline."""

@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trainwise.api.estimate import EstimateResult
+from trainwise.cli.output import FROM_CACHE
 from trainwise.cli.render_step_time import render_step_time
 from trainwise.common.units import human_bytes, human_count
 from trainwise.plan.technique_names import describe_checkpointing
@@ -21,10 +22,6 @@ PARTS = (
     ("workspace", "cuBLAS workspace", "catalog"),
     ("communication", "communication buffers", "predicted (layout rule)"),
 )
-
-
-# Said when an estimate's figures were read from the trace cache (estimator/trace_cache.py).
-FROM_CACHE = "traces: reused from the cache (same model, plan and versions)"
 
 
 def render_estimate(result: EstimateResult, console: Console, by_module: bool = False) -> None:

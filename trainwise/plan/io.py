@@ -6,8 +6,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from trainwise.common.errors import InputError
 from trainwise.plan.plan import Plan
 
@@ -18,6 +16,8 @@ def load_plan_file(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise InputError("--plan", f"file not found: {path}")
     text = path.read_text()
+    import yaml  # here, not at the top: every command imports this module, few read a plan file
+
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
