@@ -8,7 +8,8 @@ the command line from a cold start (`trainwise estimate bert-large-uncased ...` 
 process, Python start, torch and transformers imports included), next to the in-process
 figure: first with an empty trace cache (a temporary one per run: the headline), then
 with the cache a previous process filled (the same request again; no torch or transformers import,
-no trace). The in-process cases do not use the trace cache. Targets on 2 cores: bert-large-uncased batch 4 x 512 under 5 s, Llama-3.1-70B
+no trace), and a process that only imports what the cold run cannot do without (transformers'
+BERT code, the fake tensors: the floor under the first figure). The in-process cases do not use the trace cache. Targets on 2 cores: bert-large-uncased batch 4 x 512 under 5 s, Llama-3.1-70B
 batch 1 x 4096 bf16 under 30 s.
 
     python benchmarks/estimate_speed.py [--repeat N] [--device A100-80GB]
@@ -86,9 +87,15 @@ def main(argv: list[str] | None = None) -> int:
         }), flush=True)
     line = "trainwise estimate bert-large-uncased --batch-size 4 --seq-len 512"
     first, repeated = _cold_cli_seconds(args.device, args.repeat)
+    floor, heavy = _import_floor(args.repeat)
     print(json.dumps({"case": f"cold CLI, first run (empty trace cache): {line}",
                       "seconds": round(statistics.median(first), 3), "runs": [round(r, 3) for r in first],
                       "includes": "Python start-up, torch and transformers imports, BERT model code import, the traces",
+                      **common}), flush=True)
+    print(json.dumps({"case": f"the floor under the first run: a process that only imports {FLOOR_IMPORT}",
+                      "seconds": round(statistics.median(floor), 3), "runs": [round(r, 3) for r in floor],
+                      "includes": "Python start-up, torch, transformers and BERT's model code with what it imports "
+                                  f"(of {', '.join(HEAVY)}: {', '.join(heavy) or 'none'}), the fake tensors",
                       **common}), flush=True)
     print(json.dumps({"case": f"cold CLI, repeated (trace cache filled by a previous process): {line}",
                       "seconds": round(statistics.median(repeated), 3), "runs": [round(r, 3) for r in repeated],
@@ -101,16 +108,13 @@ def _cold_cli_seconds(device: str, repeat: int) -> tuple[list[float], list[float
     """Seconds of the command in fresh processes: each first run with a trace cache of its
     own, empty (what a user's first estimate of a request takes), then runs whose cache a
     previous process filled (the same request again)."""
-    import subprocess
     import tempfile
 
     command = [sys.executable, "-m", "trainwise", "estimate", "bert-large-uncased", "--batch-size", "4",
                "--seq-len", "512", "--device", device, "--json"]
 
     def timed(cache: str) -> float:
-        started = time.perf_counter()
-        subprocess.run(command, check=True, capture_output=True, env={**os.environ, "TRAINWISE_CACHE": cache})
-        return time.perf_counter() - started
+        return _timed_process(command, {"TRAINWISE_CACHE": cache})[0]
 
     first = []
     for _ in range(max(repeat, 1)):
@@ -120,6 +124,30 @@ def _cold_cli_seconds(device: str, repeat: int) -> tuple[list[float], list[float
         timed(cache)  # fills it
         repeated = [timed(cache) for _ in range(max(repeat, 1))]
     return first, repeated
+
+
+# What a cold estimate of bert-large-uncased must import before it can build and trace the
+# model: transformers' BERT code (which imports the rest) and the fake tensors; and the
+# modules of the libraries' own choosing whose presence the floor's line reports.
+FLOOR_IMPORT = "transformers.models.bert.modeling_bert, torch._subclasses.fake_tensor"
+HEAVY = ("torch._dynamo", "torch.distributed.tensor", "sympy", "accelerate")
+
+
+def _import_floor(repeat: int) -> tuple[list[float], list[str]]:
+    """Seconds of fresh processes that import only FLOOR_IMPORT (the part of the cold
+    command's time that is the libraries' own), and which of HEAVY they imported."""
+    code = f"import sys, {FLOOR_IMPORT}; print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    runs = [_timed_process([sys.executable, "-c", code]) for _ in range(max(repeat, 1))]
+    return [seconds for seconds, _ in runs], runs[-1][1].strip().split(",")
+
+
+def _timed_process(command: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
+    """Seconds a fresh process took, and its stdout."""
+    import subprocess
+
+    started = time.perf_counter()
+    done = subprocess.run(command, check=True, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    return time.perf_counter() - started, done.stdout
 
 
 def _load() -> float | None:
