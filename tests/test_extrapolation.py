@@ -186,3 +186,24 @@ def test_peak_reserved_on_a_line(case_id):
     assert abs(error) <= RESERVED_TOLERANCE_OF.get(case_id, RESERVED_TOLERANCE), _table(result, full)
     assert result.memory.device_total == result.memory.peak_reserved + result.memory.context
     assert result.memory.peak_reserved >= result.memory.peak_allocated
+
+
+def test_a_middle_blocks_events_are_resolved_once_whatever_the_depth(monkeypatch):
+    """A run of the middle block is written out once per middle block of the full stack;
+    which storage each of its events touches (no block's, its own, a neighbour's) does not
+    depend on which, so it is worked out once per run, and the timeline is unchanged."""
+    from trainwise.estimator import extrapolate
+
+    name, device_name, knobs, _ = CASES["llama-a100-bf16-ckpt"]
+    plan, device = _plan(device_name, knobs), resolve_device(device_name)
+    small, large = (_estimate_module._trace(_spec(name, n), plan, device)[0] for n in TRACED_BLOCKS)
+    stacks = extrapolated_stacks(small, large)
+    resolved = extrapolate._Synthesis._resolved
+    calls = []
+    monkeypatch.setattr(extrapolate._Synthesis, "_resolved", lambda self, run: calls.append(run) or resolved(self, run))
+    shallow = synthesize_trace(large, stacks, 4, small)
+    runs_at_4 = len(calls)
+    deep = synthesize_trace(large, stacks, 32, small)
+    assert runs_at_4 > 0 and len(calls) == 2 * runs_at_4, "once per run, not once per middle block"
+    assert len(deep.events) > len(shallow.events)
+    assert same_timeline(synthesize_trace(large, stacks, TRACED_BLOCKS[0], small), small)

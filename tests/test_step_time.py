@@ -396,3 +396,21 @@ def test_a_bf16_plans_element_wise_work_takes_twice_as_long_at_half_the_fp32_byt
     assert not [n for n in new.notes if "element-wise work" in n]
     gpu = predict_step_time(traces, None, plan, CPU, dataclasses.replace(older, kind="cuda"), "tiny-gpt2")
     assert not [n for n in gpu.notes if "element-wise work" in n]
+
+
+def test_a_fake_tensors_device_query_is_recorded_without_the_general_op_path(monkeypatch):
+    """The device queries (most ops of a step) take the op table's short path, which gives
+    the rows, eager and compiled, that the general path gives them."""
+    from trainwise.estimator.predict import _traced
+    from trainwise.trace import op_costs, recorder
+
+    plan = _plan(device="H100", precision="bf16", grad_ckpt=True, grad_accum=2, compile=True)
+    seen = []
+    general = op_costs.OpCostRecorder.record
+    monkeypatch.setattr(op_costs.OpCostRecorder, "record",
+                        lambda self, func, *rest: seen.append(func) or general(self, func, *rest))
+    short = _traced(_spec(3), plan, resolve_device("H100"), compiled_pricing=True)[0]
+    assert seen and recorder.DEVICE_QUERY not in seen
+    monkeypatch.setattr(recorder, "DEVICE_QUERY", None)  # every op through the general path
+    dispatched = _traced(_spec(3), plan, resolve_device("H100"), compiled_pricing=True)[0]
+    assert short.op_costs_by_compile == dispatched.op_costs_by_compile and short.op_costs_by_compile[True]

@@ -170,8 +170,13 @@ class _Synthesis:
         for n, runs in enumerate(segments):
             new_index[bounds[n]] = len(events)
             for i, run in enumerate(runs):
-                for target in self._targets(runs, i):
-                    self._write(n, run, target, events)
+                targets = self._targets(runs, i)
+                if targets == [None]:
+                    self._write_shared(run, events)
+                    continue
+                resolved = self._resolved(run)  # once: a middle run is written out for every middle block
+                for target in targets:
+                    self._write(n, run, target, resolved, events)
         new_index[len(trace.events)] = len(events)
         _check_balanced(events)
         return dataclasses.replace(
@@ -235,39 +240,53 @@ class _Synthesis:
         return position if position < self.last else None
 
     # ------------------------------------------------------------------ the storages
-    def _write(self, segment: int, run: _Run, target: int | None, events: list) -> None:
-        """Append run's events as block `target` of the full stack writes them."""
+    def _write_shared(self, run: _Run, events: list) -> None:
+        """Append the events of a run of no block (the same at every depth)."""
+        for kind, key in self.trace.events[run.start:run.end]:
+            if key in self._per_block:  # one in the 3-block trace for each block past 2
+                events.extend((kind, self._output(key, -n)) for n in range(self.last - 1))
+            else:
+                events.append((kind, self._output(key, None)))
+
+    def _resolved(self, run: _Run) -> list[tuple[str, int, int | None, int]]:
+        """Run's events as (kind, key, offset, nth): offset None for a storage that is the
+        same whatever the depth, 0 for the running block's own, -1 / +1 for its neighbour's
+        (`nth`: the how-manieth such event of the run). None of it depends on the target."""
         trace = self.trace
-        if target is None:
-            for kind, key in trace.events[run.start:run.end]:
-                if key in self._per_block:  # one in the 3-block trace for each block past 2
-                    events.extend((kind, self._output(key, -n)) for n in range(self.last - 1))
-                else:
-                    events.append((kind, self._output(key, None)))
-            return
         stack, position = self.place[run.block]
         seen = Counter()  # events touching the previous / next block's storages so far
+        resolved = []
         for kind, key in trace.events[run.start:run.end]:
-            owner = trace.records[key].owner
-            where = self.place.get(owner)
+            where = self.place.get(trace.records[key].owner)
             if where is None:
                 if key in self._per_block:
                     raise CannotSynthesize("a block's work touches a per-block storage of no block")
-                events.append((kind, self._output(key, None)))
+                resolved.append((kind, key, None, 0))
                 continue
             offset = where[1] - position
             if where[0] != stack or abs(offset) > 1:
                 # Not relative to the running block: the same storage whatever the depth.
                 if self._home(where[1]) is None:
                     raise CannotSynthesize(f"block {where[1]} of {stack} is gone at this depth")
-                events.append((kind, self._output(key, None)))
-                continue
-            if offset == 0:
-                events.append((kind, self._output(key, None if target == self._home(position) else target)))
-                continue
-            nth = run.before[offset > 0] + seen[offset]
-            seen[offset] += 1
-            events.append((kind, self._neighbour(segment, run, target, offset, nth, kind, key)))
+                resolved.append((kind, key, None, 0))
+            elif offset == 0:
+                resolved.append((kind, key, 0, 0))
+            else:
+                resolved.append((kind, key, offset, run.before[offset > 0] + seen[offset]))
+                seen[offset] += 1
+        return resolved
+
+    def _write(self, segment: int, run: _Run, target: int, resolved: list, events: list) -> None:
+        """Append run's `resolved` events as block `target` of the full stack writes them."""
+        own = None if target == self._home(self.place[run.block][1]) else target
+        out_key = self._out_key
+        for kind, key, offset, nth in resolved:
+            if offset is None or offset == 0:
+                copy = None if offset is None else own
+                out = out_key.get((key, copy))  # most storages are met again: skip the call
+                events.append((kind, out if out is not None else self._output(key, copy)))
+            else:
+                events.append((kind, self._neighbour(segment, run, target, offset, nth, kind, key)))
 
     def _neighbour(self, segment: int, run: _Run, target: int, offset: int, nth: int, kind: str, key: int) -> int:
         """Output key of the storage of the block next to `target` (offset -1: the one

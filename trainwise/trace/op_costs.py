@@ -131,6 +131,19 @@ class OpCostRecorder:
                                                           [_payload(t) for t in outputs], [1, flops, read, written]):
             _add_op(self.compiled_costs.rows, key, flops, read, written)  # run eager in the compiled step too
 
+    def record_query(self, tensor, phase: str, module: str) -> None:
+        """`record` of `tensor.device` (prim.device, a metadata op): most ops of a step are
+        these (autograd asks for every gradient's device), so the row is made directly, as
+        `record` makes it for an op of one argument, no output and no work."""
+        inputs = [_payload(tensor)] if isinstance(tensor, torch.Tensor) else []
+        recomputed = phase == "backward" and module != "" and torch.is_grad_enabled()
+        micro = self.micro_step if phase in ("data", "forward", "backward") else 0
+        key = (phase, micro, "metadata", _dtype_name(inputs), recomputed, 0)
+        _add_op(self.costs.rows, key, 0, 0, 0)
+        if self.fusion is not None and not self.fusion.op(self.regions.region(phase, module), key, "metadata", inputs,
+                                                          [], [1, 0, 0, 0]):
+            _add_op(self.compiled_costs.rows, key, 0, 0, 0)
+
     def saved(self, key: int | None) -> None:
         """Autograd keeps storage `key` for backward (a compiled region writes it out)."""
         if self.fusion is not None:

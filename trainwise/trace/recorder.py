@@ -54,7 +54,7 @@ class AllocationRecorder(TorchDispatchMode):
         if func is DEVICE_QUERY:  # most ops of a step (autograd's engine asks for every gradient)
             out = _fake_device(args[0]) or func(*args, **(kwargs or {}))
             if self.costs is not None and self.phase != "setup":
-                self.costs.record(func, args, kwargs, out, [], self.phase, self.scope.current)
+                self.costs.record_query(args[0], self.phase, self.scope.current)
             return out
         if func in SCALAR_READS:
             return self.answers.read(args[0])
