@@ -414,3 +414,35 @@ def test_a_fake_tensors_device_query_is_recorded_without_the_general_op_path(mon
     monkeypatch.setattr(recorder, "DEVICE_QUERY", None)  # every op through the general path
     dispatched = _traced(_spec(3), plan, resolve_device("H100"), compiled_pricing=True)[0]
     assert short.op_costs_by_compile == dispatched.op_costs_by_compile and short.op_costs_by_compile[True]
+
+
+def test_the_recorders_per_op_lookups_are_made_once_per_op_overload_not_once_per_op(monkeypatch):
+    """What the recorder asks of an op that does not change between its calls (its packet:
+    is a value asked of it?) is asked once per overload; a single-tensor output is taken as
+    it is, without pytree's flattening."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    from trainwise.trace import recorder
+    from trainwise.trace.plain_batch import PlainBatchAnswers
+
+    class Op:  # an op overload as the answers see it, counting the reads of its packet
+        reads = 0
+
+        @property
+        def overloadpacket(self):
+            Op.reads += 1
+            return torch.ops.aten.add
+
+        def __call__(self, *args, **kwargs):
+            return args
+
+    answers, op = PlainBatchAnswers(), Op()
+    for _ in range(100):
+        answers.note(op, answers.run(op, (), {}), [])
+    assert Op.reads <= 2, "once per overload for run and once for note"
+    flattened = []
+    monkeypatch.setattr(recorder, "tree_leaves", lambda tree: flattened.append(tree) or tree_leaves(tree))
+    trace = _trace(_spec(2), _plan(), CPU)[0]
+    ops = sum(row[0] for row in trace.op_costs.rows.values())
+    assert ops > 500 and len(flattened) < ops / 10

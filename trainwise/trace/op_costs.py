@@ -111,7 +111,7 @@ class OpCostRecorder:
 
     def record(self, func, args, kwargs, out, outputs: list[torch.Tensor], phase: str, module: str) -> None:
         op_class = classify(func)
-        inputs = [_payload(t) for t in _tensors(args, kwargs)]
+        inputs = [_payload(t) for t in op_tensors(args, kwargs)]
         if op_class == "elementwise" and module in self.norm_modules:
             op_class = "normalization"
         flops = read = written = head_dim = 0
@@ -171,7 +171,7 @@ def _written_in_place(func, args: tuple) -> int:
                if isinstance(value, torch.Tensor) and argument.alias_info is not None and argument.alias_info.is_write)
 
 
-def _tensors(args: tuple, kwargs: dict | None) -> list[torch.Tensor]:
+def op_tensors(args: tuple, kwargs: dict | None) -> list[torch.Tensor]:
     """The tensors among an op's arguments, one level of lists deep (foreach ops): aten
     schemas nest no deeper, and this runs for every op (pytree's flattening is slower)."""
     found = []

@@ -22,6 +22,7 @@ without the recorder, uses `PlainBatchMode`."""
 
 from __future__ import annotations
 
+import functools
 import weakref
 
 import torch
@@ -37,6 +38,19 @@ _BELOW = (torch.ops.aten.le, torch.ops.aten.lt)
 _RANDOM_DRAWS = (torch.ops.aten.rand, torch.ops.aten.uniform)
 _INDEXING = (torch.ops.aten.index, torch.ops.aten.index_put, torch.ops.aten.index_put_,
              torch.ops.aten._index_put_impl_)
+
+
+# Asked per op overload once, not per op: a packet lookup is a Python property call.
+@functools.cache
+def _sized_by_values(func) -> bool:
+    """Whether PlainBatchAnswers.run may answer `func` itself."""
+    return func.overloadpacket in (torch.ops.aten.masked_select, torch.ops.aten.nonzero, *_INDEXING)
+
+
+@functools.cache
+def _questioned(func) -> bool:
+    """Whether PlainBatchAnswers.note has anything to remember of `func`'s outputs."""
+    return func.overloadpacket in (*_EXISTENCE_QUESTIONS, *_LARGEST, *_SMALLEST, *_ABOVE, *_BELOW, *_RANDOM_DRAWS)
 
 
 class _IdentitySet:
@@ -72,6 +86,8 @@ class PlainBatchAnswers:
 
     def run(self, func, args, kwargs):
         """`func`'s outputs, with the ops whose size depends on values answered here."""
+        if not _sized_by_values(func):  # nearly every op
+            return func(*args, **kwargs)
         if func.overloadpacket is torch.ops.aten.masked_select:
             return _all_selected(*args, **kwargs)
         if func.overloadpacket is torch.ops.aten.nonzero:
@@ -82,6 +98,8 @@ class PlainBatchAnswers:
 
     def note(self, func, args, outputs: list[torch.Tensor]) -> None:
         """Remember what `func`'s outputs are, for later reads of them."""
+        if not _questioned(func):  # nearly every op
+            return
         packet = func.overloadpacket
         if packet in _EXISTENCE_QUESTIONS or self._out_of_range_question(packet, args):
             self._false.add(outputs)

@@ -13,6 +13,7 @@ from torch.utils._pytree import tree_leaves
 from trainwise.trace.block_ids import NO_BLOCK
 from trainwise.trace.blocks import BlockTracker
 from trainwise.trace.module_scope import ModuleScope
+from trainwise.trace.op_costs import op_tensors
 from trainwise.trace.plain_batch import SCALAR_READS, PlainBatchAnswers
 from trainwise.trace.storage import ALLOC, FREE, StorageRecord
 
@@ -62,7 +63,8 @@ class AllocationRecorder(TorchDispatchMode):
         fix = self.output_fixes.get(func)
         if fix is not None:
             out = fix(out, *args, **(kwargs or {}))
-        outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        # Most ops return one tensor: pytree's flattening only for the others.
+        outputs = [out] if isinstance(out, torch.Tensor) else [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         self.answers.note(func, args, outputs)
         block = self._current_block()
         if block == NO_BLOCK and self.phase in _OWNED_BY_INPUTS and outputs:
@@ -144,7 +146,7 @@ class AllocationRecorder(TorchDispatchMode):
         first = args[0] if args else None
         if func.__name__.startswith("_foreach_") and isinstance(first, (list, tuple)) and len(first) == len(outputs):
             return [self._owner_of(t) for t in first]
-        owners = {self._owner_of(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        owners = {self._owner_of(t) for t in op_tensors(args, kwargs)}
         owners.discard(NO_BLOCK)
         owner = owners.pop() if len(owners) == 1 else NO_BLOCK
         return [owner] * len(outputs)
