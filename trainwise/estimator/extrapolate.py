@@ -250,43 +250,34 @@ class _Synthesis:
 
     def _resolved(self, run: _Run) -> list[tuple[str, int, int | None, int]]:
         """Run's events as (kind, key, offset, nth): offset None for a storage that is the
-        same whatever the depth, 0 for the running block's own, -1 / +1 for its neighbour's
-        (`nth`: the how-manieth such event of the run). None of it depends on the target."""
-        trace = self.trace
+        same at any depth, 0 for the running block's own, -1 / +1 for a neighbour's (`nth`:
+        the how-manieth such event of the run). None of it depends on the target."""
         stack, position = self.place[run.block]
         seen = Counter()  # events touching the previous / next block's storages so far
         resolved = []
-        for kind, key in trace.events[run.start:run.end]:
-            where = self.place.get(trace.records[key].owner)
-            if where is None:
-                if key in self._per_block:
-                    raise CannotSynthesize("a block's work touches a per-block storage of no block")
-                resolved.append((kind, key, None, 0))
-                continue
-            offset = where[1] - position
-            if where[0] != stack or abs(offset) > 1:
+        for kind, key in self.trace.events[run.start:run.end]:
+            where = self.place.get(self.trace.records[key].owner)
+            if where is None and key in self._per_block:
+                raise CannotSynthesize("a block's work touches a per-block storage of no block")
+            offset = None if where is None else where[1] - position
+            if where is not None and (where[0] != stack or abs(offset) > 1):
                 # Not relative to the running block: the same storage whatever the depth.
                 if self._home(where[1]) is None:
                     raise CannotSynthesize(f"block {where[1]} of {stack} is gone at this depth")
-                resolved.append((kind, key, None, 0))
-            elif offset == 0:
-                resolved.append((kind, key, 0, 0))
-            else:
-                resolved.append((kind, key, offset, run.before[offset > 0] + seen[offset]))
+                offset = None
+            resolved.append((kind, key, offset, run.before[offset > 0] + seen[offset] if offset else 0))
+            if offset:
                 seen[offset] += 1
         return resolved
 
     def _write(self, segment: int, run: _Run, target: int, resolved: list, events: list) -> None:
         """Append run's `resolved` events as block `target` of the full stack writes them."""
         own = None if target == self._home(self.place[run.block][1]) else target
-        out_key = self._out_key
         for kind, key, offset, nth in resolved:
-            if offset is None or offset == 0:
-                copy = None if offset is None else own
-                out = out_key.get((key, copy))  # most storages are met again: skip the call
-                events.append((kind, out if out is not None else self._output(key, copy)))
-            else:
+            if offset:  # a neighbour's storage
                 events.append((kind, self._neighbour(segment, run, target, offset, nth, kind, key)))
+            else:
+                events.append((kind, self._output(key, None if offset is None else own)))
 
     def _neighbour(self, segment: int, run: _Run, target: int, offset: int, nth: int, kind: str, key: int) -> int:
         """Output key of the storage of the block next to `target` (offset -1: the one
