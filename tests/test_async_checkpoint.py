@@ -24,6 +24,7 @@ import time
 import pytest
 
 from distributed_launch import REPO
+from job_processes import kill_job
 from trainwise.cli.main import main
 from trainwise.engine.checkpoint import latest_checkpoint
 from trainwise.engine.checkpoint_manifest import verify_manifest
@@ -81,9 +82,9 @@ def _start_with_slow_saves(tmp_path, args: list[str], **env_extra):
 
 
 def _killed_with_a_save_in_flight(tmp_path, output, metrics) -> tuple[int, list[dict]]:
-    """Run the job with slow saves; SIGKILL its whole process group (launcher, torchrun, both
-    ranks) once the second save is in flight on both ranks and step 6 is logged. Returns
-    the exit status and the step lines logged before the kill."""
+    """Run the job with slow saves; SIGKILL the whole job (launcher, torchrun, both ranks:
+    each in a session of its own) once the second save is in flight on both ranks and step
+    6 is logged. Returns the exit status and the step lines logged before the kill."""
     job, marks = _start_with_slow_saves(tmp_path, [*RUN, "--output", str(output), "--metrics", str(metrics)])
     deadline = time.monotonic() + 240
     try:
@@ -95,7 +96,7 @@ def _killed_with_a_save_in_flight(tmp_path, output, metrics) -> tuple[int, list[
         logged = _steps(metrics) if metrics.is_file() else []
         assert job.poll() is None, job.communicate()[1][-3000:]
     finally:
-        os.killpg(job.pid, signal.SIGKILL)
+        kill_job(job.pid)
         job.communicate()
     return job.returncode, logged
 
@@ -181,7 +182,7 @@ def test_a_stop_signal_during_an_async_save_completes_it_before_saving_where_it_
         stderr = job.communicate(timeout=240)[1]
     finally:
         if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
+            kill_job(job.pid)
     assert job.returncode == 128 + signal.SIGTERM, stderr[-3000:]
     stopped_after = len(_steps(metrics))
     assert 2 <= stopped_after < steps

@@ -47,7 +47,9 @@ def _finish(jobs: list[tuple[subprocess.Popen, Path]], timeout_s: float = 300) -
         codes = [job.wait(timeout=timeout_s) for job, _ in jobs]
     except subprocess.TimeoutExpired:
         for job, _ in jobs:
-            os.killpg(job.pid, signal.SIGKILL)  # its torchrun and workers are in the same session
+            # Its torchrun is in the session; the workers, in sessions of their own, stop when
+            # torchrun dies (trainwise/common/parent_death.py).
+            os.killpg(job.pid, signal.SIGKILL)
         raise
     return [(code, log.read_text()) for code, (_, log) in zip(codes, jobs)]
 

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from job_processes import alive, descendants
 from metrics_file import step_losses as _losses
 from trainwise.api.training import train
 from trainwise.cli.main import main
@@ -167,3 +168,46 @@ def test_sigterm_to_an_nproc_job_stops_every_rank_at_one_step_with_one_checkpoin
         list(range(1, steps + 1))
     fault_log(kind="fault", case="SIGTERM to `trainwise train --nproc 2 --output DIR` (gloo), then --resume",
               exit_code=child.returncode, message=line.replace(str(out), "OUT"))
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.fault
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent's death signal is Linux's")
+def test_a_launcher_killed_outright_leaves_no_rank_training_and_the_ranks_save_where_they_stopped(tmp_path, fault_log):
+    """SIGKILL to `trainwise train --nproc 2` alone (as the OOM killer or `kill -9` sends it):
+    no signal can be relayed, yet torchrun and both ranks end within a minute, and the ranks
+    save after the step they were in, as on SIGTERM. Before, they trained on as orphans."""
+    metrics, out = tmp_path / "metrics.jsonl", tmp_path / "out"
+    argv = [sys.executable, "-m", "trainwise", *RUN[:-2], str(NPROC_STEPS * 5), RUN[-1], "--nproc", "2",
+            "--output", str(out), "--metrics", str(metrics)]
+    child = subprocess.Popen(argv, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    job: list[int] = []
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and child.poll() is None:
+            if metrics.is_file() and '"step"' in metrics.read_text():
+                job = descendants(child.pid)
+                child.kill()
+                break
+            time.sleep(0.01)
+        child.wait(timeout=60)
+        assert len(job) >= 3, job  # torchrun and two ranks
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and any(map(alive, job)):
+            time.sleep(0.1)
+        left = [pid for pid in job if alive(pid)]
+        assert not left, f"still running after the launcher was killed: {left}"
+    finally:
+        for pid in job + descendants(child.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    saved = sorted((out / "checkpoints").glob("step-*"))
+    assert saved, "the ranks stopped without saving"
+    verify_manifest(saved[-1])
+    assert len(_losses(metrics)) < NPROC_STEPS * 5
+    fault_log(kind="fault", case="SIGKILL to the launcher of `trainwise train --nproc 2 --output DIR` (gloo) alone",
+              exit_code=child.returncode, message=f"torchrun and both ranks ended; the ranks saved {saved[-1].name}")

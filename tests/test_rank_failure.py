@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import time
 import pytest
 
 from distributed_launch import REPO
+from job_processes import kill_job
 from trainwise.api.training import train
 from trainwise.cli.main import main
 from trainwise.engine.checkpoint import latest_checkpoint
@@ -67,13 +67,13 @@ def _train_killing_rank_1(tmp_path, args: list[str]) -> tuple[subprocess.Complet
            "CUDA_VISIBLE_DEVICES": "", "TRAINWISE_TEST_KILL_RANK": "1",
            "TRAINWISE_TEST_KILL_AT_STEP": str(KILL_AT_STEP)}
     started = time.monotonic()
-    # A session of its own: a hung job is ended whole (torchrun and its workers), not orphaned.
+    # A hung job is ended whole: torchrun and each worker are in sessions of their own.
     with subprocess.Popen([sys.executable, "-m", "trainwise", "train", *COMMON, *args], cwd=REPO, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True) as job:
         try:
             stdout, stderr = job.communicate(timeout=300)
         except subprocess.TimeoutExpired:
-            os.killpg(job.pid, signal.SIGKILL)
+            kill_job(job.pid)
             raise
     return subprocess.CompletedProcess(job.args, job.returncode, stdout, stderr), time.monotonic() - started
 

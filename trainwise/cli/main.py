@@ -87,6 +87,13 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if os.environ.get("TORCHELASTIC_RUN_ID") is not None:
+        # A torchrun worker, in a session of its own: when its agent dies unable to pass a
+        # signal on (SIGKILL), it stops after its step and saves, instead of training on as
+        # an orphan. First thing, so no import's seconds leave a window.
+        from trainwise.common.parent_death import stop_with_parent
+
+        stop_with_parent()
     debug = "--debug" in argv
     try:
         args = build_parser().parse_args(argv)

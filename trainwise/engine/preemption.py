@@ -15,7 +15,9 @@ step and save one consistent distributed checkpoint; ranks may each be sent the 
 process (`--nproc N`) runs torchrun in a session of its own and passes each stop signal on
 to it once (a terminal's Ctrl-C would otherwise reach torchrun twice, and its second
 relay would cut the workers' save short); torchrun gives the workers 30 s to save before
-it kills them.
+it kills them. A launcher or torchrun that dies without passing a signal on (SIGKILL)
+still stops the job: each of torchrun and the workers asked the kernel for SIGTERM when
+its parent dies (trainwise/common/parent_death.py).
 
 Across nodes (`--nnodes N`) a signal may reach one node's launcher only. The all-reduce
 spans every rank of every node, so all still stop after the same step; a rank that learns
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import Iterator
 
 from trainwise.common.errors import Preempted
+from trainwise.common.parent_death import child_stopping_with
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 # torchrun relays these to its workers (its default list lacks SIGUSR1).
@@ -114,9 +117,12 @@ def tell_launcher(signum: int) -> None:
 def start_relaying_child(command: list[str], env: dict, **popen_args) -> subprocess.Popen:
     """Start `command` (torchrun) in its own session, told to pass every stop signal on to
     its workers: a terminal's Ctrl-C then reaches it once, through `relaying_stop_signals`,
-    not twice (once from the terminal's process group, once from us)."""
+    not twice (once from the terminal's process group, once from us). Should this process
+    die without relaying (SIGKILL, the OOM killer), torchrun gets SIGTERM from the kernel
+    and the job stops after its step and saves, instead of training on as an orphan
+    (common/parent_death.py)."""
     return subprocess.Popen(command, env={**env, "TORCHELASTIC_SIGNALS_TO_HANDLE": TORCHRUN_RELAYS},
-                            start_new_session=True, **popen_args)
+                            start_new_session=True, preexec_fn=child_stopping_with(os.getpid()), **popen_args)
 
 
 @contextlib.contextmanager
