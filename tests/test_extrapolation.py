@@ -207,3 +207,28 @@ def test_a_middle_blocks_events_are_resolved_once_whatever_the_depth(monkeypatch
     assert runs_at_4 > 0 and len(calls) == 2 * runs_at_4, "once per run, not once per middle block"
     assert len(deep.events) > len(shallow.events)
     assert same_timeline(synthesize_trace(large, stacks, TRACED_BLOCKS[0], small), small)
+
+
+def test_the_full_depth_op_table_keeps_the_order_the_traces_met_its_rows_whatever_the_hash_seed():
+    """The step time adds the rows up in the table's order: a set's order (it follows the
+    process's string hashes) changed an estimate's last digits from one run to the next."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        from transformers import LlamaConfig
+        from trainwise.estimator.step_work import full_depth_costs
+        from trainwise.trace.depth import depth_fit
+        from trainwise.trace.op_table import OpCosts
+        keys = [("forward", 0, f"class{i}", "fp32", False, 0) for i in range(40)]
+        small = OpCosts({k: [1, i, i, i] for i, k in enumerate(keys[:30])}, {})
+        large = OpCosts({k: [2, i, i, i] for i, k in enumerate(keys)}, {})
+        fit = depth_fit(LlamaConfig(num_hidden_layers=8))
+        print(list(full_depth_costs([small, large], fit).rows) == keys)
+    """)
+    for seed in ("1", "2"):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONHASHSEED": seed})
+        assert done.stdout.strip() == "True", done.stderr[-2000:]

@@ -39,7 +39,10 @@ def full_depth_costs(costs: Sequence[OpCosts], fit: DepthFit) -> OpCosts:
     FLOPs, is a fixed part plus a per-block part for each layer kind)."""
     def read(table: str) -> dict:
         rows = {}
-        for key in {k for c in costs for k in getattr(c, table)}:
+        # In the order the traces first met each row, not a set's: the step time adds the
+        # rows up in this order, and a set's follows the process's string hashes (the last
+        # digits of an estimate changed from one run of the same command to the next).
+        for key in dict.fromkeys(k for c in costs for k in getattr(c, table)):
             columns = zip(*(getattr(c, table).get(key, [0, 0, 0, 0]) for c in costs))
             rows[key] = [max(0, extrapolate_by_kind(list(values), fit)) for values in columns]
         return rows
