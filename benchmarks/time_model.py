@@ -372,13 +372,13 @@ def accuracy(pairs: list[tuple[float, float]]) -> dict:
     return {"n": len(pairs), "mape_pct": mape, "spearman": spearman([p for p, _ in pairs], [m for _, m in pairs])}
 
 
-def reference_prober(args, profile_path: Path | None, probes: list[dict]):
+def reference_prober(args, profile, profile_path: Path | None, probes: list[dict]):
     """A function that times calibrate's reference steps again in a fresh process under the
     case's environment (reference_steps.py) and appends what it found to `probes`; None
-    when the profile timed no reference steps (a GPU's)."""
+    when the profile (read from `profile_path`) timed no reference steps (a GPU's)."""
     from reference_steps import calibrated_steps
 
-    if profile_path is None or not calibrated_steps(json.loads(Path(profile_path).read_text()).get("measured") or {}):
+    if profile is None or not calibrated_steps(profile.measured or {}):
         return None
     script = Path(__file__).resolve().with_name("reference_steps.py")
 
@@ -480,7 +480,7 @@ def run_case(args, case: Case, rows: list[dict], scratch: Path) -> tuple[str, bo
     if profile is not None:
         predict(rows, profile)  # first: a missing time model fails in seconds, not after the runs
     started, probes = time.perf_counter(), []
-    measure(rows, args, scratch, between=reference_prober(args, profile_path, probes))
+    measure(rows, args, scratch, between=reference_prober(args, profile, profile_path, probes))
     warnings += noise_warnings(rows, provenance.finish(case_prov))
     warnings += [f"calibrate's reference steps could not be timed again: {p['error']}" for p in probes if p.get("error")]
     summary = summarize(rows, drift(probes))
