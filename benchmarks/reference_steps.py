@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -28,32 +27,27 @@ provenance.add_repo_to_path()
 def calibrated_steps(measured: dict) -> dict[str, float]:
     """{"BxT": seconds} of the reference steps a profile's calibration timed; {} when it
     timed none (a GPU's or a catalog profile)."""
+    return {f"{p['batch_size']}x{p['seq_len']}": p["step_s"] for p in _fitted(measured)}
+
+
+def _fitted(measured: dict) -> list[dict]:
     steps = (measured.get("training_step") or {}).get("steps") or []
-    return {f"{p['batch_size']}x{p['seq_len']}": p["step_s"] for p in steps if p.get("step_s")}
+    return [p for p in steps if p.get("step_s")]
 
 
-def time_now(sizes: list[str], quick: bool) -> dict[str, float]:
-    """{"BxT": median seconds of one step} of each reference step, timed as calibrate times it."""
+def time_now(measured: dict) -> dict:
+    """{"now_s", "calibrated_s" ({"BxT": median seconds of one step}), "ratio" (the geometric
+    mean over the steps of now / at calibration: > 1 slower now)}: the profile's reference
+    steps timed as calibrate times them (trainwise.calibration.steadiness, which calibrate
+    itself runs at its end), as many steps as the calibration timed."""
     import torch
 
-    from trainwise.calibration.host_time import steps_timed, time_training_steps
+    from trainwise.calibration.steadiness import retimed
     from trainwise.calibration.timing import FULL, QUICK
-    from trainwise.plan.plan import Plan
 
-    found = {}
-    for size in sizes:
-        batch_size, seq_len = (int(n) for n in size.split("x"))
-        steps = steps_timed(QUICK if quick else FULL, (batch_size, seq_len))
-        found[size] = time_training_steps(torch.device("cpu"), Plan(batch_size=batch_size, seq_len=seq_len,
-                                                                    device="cpu"), steps)[0]
-    return found
-
-
-def ratio(now: dict[str, float], calibrated: dict[str, float]) -> float | None:
-    """The machine's slowdown since calibration: the geometric mean over the reference
-    steps of seconds now / seconds then (> 1: slower now)."""
-    pairs = [now[size] / calibrated[size] for size in now if calibrated.get(size)]
-    return statistics.geometric_mean(pairs) if pairs else None
+    found = retimed(torch.device("cpu"), _fitted(measured), QUICK if measured.get("quick") else FULL)
+    return {"now_s": {f"{p['batch_size']}x{p['seq_len']}": p["end_s"] for p in found["steps"]},
+            "calibrated_s": calibrated_steps(measured), "ratio": found["ratio"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,12 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         measured = json.loads(args.profile.read_text()).get("measured") or {}
     except (OSError, ValueError) as error:
         parser.error(f"--profile: cannot read {args.profile}: {error}")
-    calibrated = calibrated_steps(measured)
-    if not calibrated:
+    if not calibrated_steps(measured):
         parser.error(f"--profile: {args.profile} has no reference training steps (a CPU profile from "
                      "`trainwise calibrate` has them)")
-    now = time_now(sorted(calibrated), bool(measured.get("quick")))  # as many steps as the calibration timed
-    print(json.dumps({"now_s": now, "calibrated_s": calibrated, "ratio": ratio(now, calibrated)}))
+    print(json.dumps(time_now(measured)))
     return 0
 
 

@@ -283,3 +283,38 @@ def test_the_calibrate_table_shows_each_element_wise_rate_by_dtype():
                      "memory bf16 (bytes read + written)": ("50 GB/s", "2 µs"),
                      "random numbers, dropout's mask fp32 (bytes read + written)": ("2 GB/s", "0 µs"),
                      "random numbers, dropout's mask bf16 (bytes read + written)": ("1 GB/s", "0 µs")}
+
+
+def test_a_cpu_calibration_ends_by_timing_its_reference_steps_again_against_the_fit(cached_profile):
+    measured = read_profile(cached_profile).measured
+    fitted = {(p["batch_size"], p["seq_len"]): p["step_s"] for p in measured["training_step"]["steps"]}
+    steadiness = measured["steadiness"]
+    assert {(p["batch_size"], p["seq_len"]) for p in steadiness["steps"]} == set(fitted)
+    for point in steadiness["steps"]:
+        assert point["fitted_s"] == fitted[(point["batch_size"], point["seq_len"])]
+        assert _finite_positive(point["end_s"])
+    assert steadiness["ratio"] == pytest.approx(
+        statistics.geometric_mean([p["end_s"] / p["fitted_s"] for p in steadiness["steps"]]))
+
+
+@pytest.mark.parametrize("moved, warned", [(1.3, True), (0.8, True), (1.05, False), (0.95, False), (None, False)])
+def test_a_calibration_whose_reference_steps_moved_more_than_ten_percent_is_called_unsteady(moved, warned):
+    from trainwise.api.calibrate import busy_warnings
+
+    measured = {"cpu_count": 2, "spread": {}, "load_average_1min": {"start": 0.1, "end": 0.2}}
+    if moved is not None:
+        measured["steadiness"] = {"ratio": moved}
+    warnings = busy_warnings(measured)
+    assert any("speed changed while calibrating" in w and f"{moved:.2f} x" in w for w in warnings) == warned
+    assert len(warnings) == int(warned)
+
+
+def test_the_calibrate_table_says_how_steady_the_machine_was(cached_profile, capsys):
+    from types import SimpleNamespace
+
+    from trainwise.cli.render_calibrate import render_calibration
+
+    profile = read_profile(cached_profile)
+    render_calibration(SimpleNamespace(profile=profile, seconds=1.0, path=cached_profile))
+    shown = " ".join(capsys.readouterr().out.split())
+    assert f"took {profile.measured['steadiness']['ratio']:.2f} x as long at the end" in shown

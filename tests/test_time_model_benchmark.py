@@ -120,7 +120,11 @@ def test_the_reference_steps_ratio_is_the_geometric_mean_of_now_over_calibration
                                             {"batch_size": 8, "seq_len": 256, "step_s": 0.04}]}}
     calibrated = reference_steps.calibrated_steps(measured)
     assert calibrated == {"1x8": 0.01, "8x256": 0.04}
-    assert reference_steps.ratio({"1x8": 0.02, "8x256": 0.02}, calibrated) == pytest.approx(1.0)
+    from trainwise.calibration.steadiness import ratio
+
+    assert ratio([{"fitted_s": 0.01, "end_s": 0.02}, {"fitted_s": 0.04, "end_s": 0.02}]) == pytest.approx(1.0)
+    assert ratio([{"fitted_s": 0.01, "end_s": 0.02}, {"fitted_s": 0.04, "end_s": 0.08}]) == pytest.approx(2.0)
+    assert ratio([]) is None
     assert reference_steps.calibrated_steps({}) == {}
 
 

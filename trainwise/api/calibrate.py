@@ -9,7 +9,9 @@ per-op host cost, the AdamW step, the host time per kernel and per region call u
 torch.compile (not under `quick`: it compiles), on a GPU the fp8 matmul (compute
 capability 8.9+), copies between pinned host memory and the device both ways, and the
 device memory held outside the caching allocator (the CUDA context), and under `nproc` > 1
-the four collectives between local processes. About 30-60 s on a small CPU (`quick`: a few
+the four collectives between local processes; on the CPU, last, the reference training
+steps timed again, whose change since the fit says whether the machine's speed moved
+during the calibration (calibration/steadiness.py). About 30-60 s on a small CPU (`quick`: a few
 seconds, coarse).
 
 The profile goes to `out`, else to the per-user cache (`default_profile_path`), where
@@ -112,6 +114,7 @@ def calibrate(device: str = "cpu", out: str | Path | None = None, nproc: int = 1
     # The context before the compiled chains: an eager step loads no Triton kernels.
     profile = _with_context(profile, torch_device)
     profile = _with_compiled_host(profile, torch_device, settings)
+    _time_steadiness(profile, torch_device, settings)  # last: it times again what was fitted first
     seconds = round(time.perf_counter() - started, 1)
     measured.update(_provenance(target, nproc, quick, settings, seconds, load_start, spreads))
     write_profile(profile, path)
@@ -200,6 +203,17 @@ def _with_compiled_host(profile: DeviceProfile, device, settings) -> DeviceProfi
                                host_s_per_compiled_region=found["region_s"])
 
 
+def _time_steadiness(profile: DeviceProfile, device, settings) -> None:
+    """On the CPU, the reference training steps timed again (calibration/steadiness.py) into
+    `measured.steadiness`: how far the machine's speed moved since they were fitted."""
+    steps = profile.measured.get("training_step", {}).get("steps")
+    if not steps:
+        return
+    from trainwise.calibration.steadiness import retimed
+
+    profile.measured["steadiness"] = retimed(device, steps, settings)
+
+
 def _with_context(profile: DeviceProfile, device) -> DeviceProfile:
     """On a GPU, the device memory held outside the caching allocator, read after the
     matmuls, attention and optimizer steps loaded their kernels (calibration/context.py)."""
@@ -242,8 +256,11 @@ def _provenance(target: Device, nproc: int, quick: bool, settings, seconds: floa
 
 
 def busy_warnings(measured: dict) -> list[str]:
-    """Why a profile may be off: a 1-minute load average above the CPU count, or repeats
-    that spread more than NOISY_SPREAD (the measurements named)."""
+    """Why a profile may be off: a 1-minute load average above the CPU count, repeats
+    that spread more than NOISY_SPREAD (the measurements named), or reference steps that
+    ran at another speed at the end of the calibration than when it was fitted."""
+    from trainwise.calibration.steadiness import unsteady_warning
+
     warnings = []
     cores = measured.get("cpu_count") or 1
     loads = [v for v in measured.get("load_average_1min", {}).values() if v is not None]
@@ -254,4 +271,7 @@ def busy_warnings(measured: dict) -> list[str]:
     if noisy:
         shown = ", ".join(f"{name} {100 * s:.0f} %" for name, s in sorted(noisy.items(), key=lambda i: -i[1]))
         warnings.append(f"repeats spread more than {100 * NOISY_SPREAD:.0f} % ({shown}): the profile may be off")
+    unsteady = unsteady_warning(measured)
+    if unsteady:
+        warnings.append(unsteady)
     return warnings

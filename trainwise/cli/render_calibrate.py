@@ -101,4 +101,8 @@ def render_calibration(result) -> None:
     why = measured.get("compiled_host", {}).get("why")
     if why:
         console.print(f"torch.compile host costs: {why}")
+    moved = measured.get("steadiness", {}).get("ratio")
+    if moved is not None:
+        console.print(f"steadiness (measured): the reference training steps took {moved:.2f} x as long at the end "
+                      "of the calibration as when the profile was fitted (1.00: the machine ran at one speed)")
     console.print(f"an op of size x takes fixed cost + x / throughput; profile written to {result.path}")
