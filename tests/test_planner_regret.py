@@ -176,3 +176,36 @@ def test_every_group_settles_its_pick_and_the_fastest_other_plan_with_alternate_
     # The pick's median is now (1.0 + 1.3) / 2 against 1.0: the regret reads all six runs.
     assert render_planner_regret.group_summary(slow_pick)["regret"] == pytest.approx(0.15)
     assert planner_regret.settle([slow_pick], argparse.Namespace(settle=0), tmp_path) is None and len(order) == 12
+
+
+@pytest.mark.parametrize("moved, tries", [([], 1), ([1.3], 2), ([0.8, 1.2], 3), ([1.3, 1.3, 1.3], 3)])
+def test_a_calibration_during_which_the_speed_moved_is_run_again_up_to_three_times_and_every_try_is_recorded(
+        tmp_path, monkeypatch, moved, tries):
+    import argparse
+    import types
+
+    from trainwise.api import calibrate as calibrate_module
+
+    calls = []
+
+    def fake_calibrate(device, quick=False):
+        calls.append(device)
+        ratio = moved[len(calls) - 1] if len(calls) <= len(moved) else 1.02
+        # Noisy repeats on every try (as on this VM): not a reason to calibrate again.
+        measured = {"cpu_count": 2, "spread": {"memory": 0.5}, "steadiness": {"ratio": ratio}}
+        return types.SimpleNamespace(warnings=tuple(calibrate_module.busy_warnings(measured)),
+                                     profile=types.SimpleNamespace(measured=measured))
+
+    monkeypatch.setattr(calibrate_module, "calibrate", fake_calibrate)
+    monkeypatch.setenv("TRAINWISE_CACHE", str(tmp_path))
+    found = planner_regret.profile_in_fresh_cache(argparse.Namespace(profile=None, quick=True), tmp_path)
+    assert len(calls) == tries == len(found["attempts"])
+    assert found["warnings"] == found["attempts"][-1]["warnings"]
+    assert found["attempts"][-1]["unsteady"] == (len(moved) >= planner_regret.CALIBRATION_TRIES)
+    assert all("repeats spread" in a["warnings"][0] for a in found["attempts"])
+    assert (f"the last of {tries} tries" in found["how"]) == (tries > 1)
+
+    page = render_planner_regret._calibration_tries(found["attempts"])
+    assert len(page) == (0 if tries == 1 else tries + 3)
+    if tries > 1:
+        assert "speed changed while calibrating" in page[2] and page[2].startswith("- try 1 (")
