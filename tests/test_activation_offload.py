@@ -155,3 +155,15 @@ def test_the_default_bench_ladder_has_an_activation_offload_rung():
 
     rungs = {r.name: r.plan for r in load_ladder("default", {"device": "cuda"})}
     assert rungs["activation offload"].activation_offload
+
+
+def test_an_encoder_decoders_blocks_of_both_stacks_run_under_the_offloader():
+    """tiny-t5's encoder and decoder blocks, the blocks the trace prices (not the longest
+    ModuleList: one decoder block's three sublayers)."""
+    from trainwise.trace.blocks import BlockTracker
+
+    spec = resolve_model("tiny-t5")
+    model = prepare_model(build_model(spec, "meta"), Plan(device="cpu", activation_offload=True),
+                          precision_policy("fp32", "cpu"), spec.task)
+    offloaded = [m for m in model.modules() if hasattr(m.__dict__.get("forward"), "__wrapped__")]  # functools.wraps
+    assert offloaded == [*model.encoder.block, *model.decoder.block] == BlockTracker(model).modules

@@ -38,6 +38,20 @@ def test_compile_compiles_every_block_and_leaves_the_head_and_embeddings_eager()
         assert "forward" not in eager_part.__dict__
 
 
+def test_an_encoder_decoder_compiles_every_block_of_both_stacks_the_blocks_the_trace_prices_as_compiled():
+    """tiny-t5 has two blocks per stack; the longest ModuleList is the three sublayers of
+    one decoder block, which the engine compiled before (and no whole block)."""
+    from trainwise.trace.blocks import BlockTracker
+
+    torch.manual_seed(0)
+    model = build_model(resolve_model("tiny-t5"), "cpu")
+    priced = BlockTracker(model).modules  # what the time model prices as compiled regions
+    parallelize(model, TINY.replace(compile=True), torch.device("cpu"), total_steps=1)
+    stacks = [*model.encoder.block, *model.decoder.block]
+    assert compiled_blocks(model) == stacks == priced and len(stacks) == 4
+    assert not any("forward" in layer.__dict__ for block in stacks for layer in block.layer)
+
+
 def test_a_pipeline_stage_compiles_the_blocks_it_holds():
     from trainwise.models.families.llama import LlamaStage
 

@@ -57,6 +57,22 @@ def test_fsdp2_is_given_the_settings_the_estimate_reads(monkeypatch):
         assert given[0]["mp_policy"].param_dtype == torch.bfloat16
 
 
+def test_fsdp_makes_a_unit_of_every_block_of_an_encoder_decoders_two_stacks(monkeypatch):
+    """tiny-t5: the encoder's and the decoder's blocks, not the longest ModuleList (the three
+    sublayers of one decoder block), each a unit of its own, then the model."""
+    from trainwise.engine.parallel import fsdp
+    from trainwise.models.build import build_model
+    from trainwise.models.resolve import resolve_model
+    from trainwise.plan.fsdp_settings import FsdpSettings
+
+    sharded = []
+    monkeypatch.setattr(fsdp, "fully_shard", lambda module, **options: sharded.append(module))
+    model = build_model(resolve_model("tiny-t5"), "meta")
+    layout = resolve_layout(Plan.from_dict({**TINY, "nproc": 2, "zero": 3}))
+    fsdp.shard_model(model, None, FsdpSettings.for_layout(layout, "fp32"))
+    assert sharded == [*model.encoder.block, *model.decoder.block, model]
+
+
 def test_the_estimate_follows_the_fsdp_settings(monkeypatch):
     """ZeRO-3 whose settings keep the blocks gathered after forward is ZeRO-2 to the estimate:
     the buffers come from the settings object, not from the stage number."""

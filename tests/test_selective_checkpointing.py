@@ -154,3 +154,29 @@ def test_a_model_without_a_switch_has_every_kth_block_wrapped_and_the_same_gradi
     plain(x).backward()
     checkpointed(x).backward()
     assert all(torch.equal(a.grad, b.grad) for a, b in zip(plain.parameters(), checkpointed.parameters()))
+
+
+class _TwoStacks(torch.nn.Module):
+    """An encoder-decoder shape without a switch of its own: two stacks of blocks, the
+    longest ModuleList being neither (a block's three sublayers)."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(2))
+        self.decoder = torch.nn.ModuleList(_Blocks() for _ in range(2))
+
+    def forward(self, x):
+        for block in self.encoder:
+            x = block(x)
+        return sum(block(x) for block in self.decoder)
+
+
+def test_a_model_without_a_switch_has_the_blocks_of_every_stack_wrapped_counted_within_each():
+    from trainwise.trace.blocks import BlockTracker
+
+    model = enable_checkpointing(_TwoStacks(), "full", every=1)
+    wrapped = [m for m in model.modules() if isinstance(m.__dict__.get("forward"), functools.partial)]
+    assert wrapped == [*model.encoder, *model.decoder] == BlockTracker(model).modules  # the trace's blocks
+    every_other = enable_checkpointing(_TwoStacks(), "full", every=2)
+    assert [isinstance(b.__dict__.get("forward"), functools.partial)
+            for b in (*every_other.encoder, *every_other.decoder)] == [True, False, True, False]

@@ -33,7 +33,7 @@ from trainwise.models.task_inputs import fit_task_sequence
 from trainwise.plan import InputError, plan_from_sources
 from trainwise.common.errors import OutOfMemory
 from trainwise.techniques.activation_offload import enable_activation_offload
-from trainwise.techniques.checkpointing import largest_module_list
+from trainwise.techniques.block_stacks import stacked_blocks
 from trainwise.techniques.float8 import apply_float8, check_float8
 from trainwise.techniques.kernels import apply_kernels, check_kernels
 from trainwise.techniques.fused_loss_model import apply_fused_loss
@@ -162,7 +162,7 @@ def run(args) -> None:
         model = model.to(torch.bfloat16)
     _selective_by_hand(model, plan)
     if plan.activation_offload:  # the Trainer has no such switch: the same hooks, installed the same way
-        enable_activation_offload(model, largest_module_list(model))
+        enable_activation_offload(model, stacked_blocks(model))
     micro_batches = SyntheticMicroBatches(spec, plan.batch_size, plan.seq_len, args.seed, rank=0, world_size=1,
                                           documents=plan.packing == "documents")
     data = _SameSamples(micro_batches, plan.batch_size, args.steps * plan.grad_accum)

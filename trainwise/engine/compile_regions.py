@@ -1,7 +1,8 @@
 """torch.compile of a model, block by block (regional compilation) or as a whole.
 
-`--compile-scope blocks` (the default) compiles the forward of every transformer block,
-the longest ModuleList of each model part; the embeddings, final norm, head and loss stay
+`--compile-scope blocks` (the default) compiles the forward of every transformer block of
+each model part (every stack's: an encoder-decoder's encoder and decoder blocks,
+techniques/block_stacks.py); the embeddings, final norm, head and loss stay
 eager. The blocks of a model run the same code on the same shapes, so Dynamo traces the
 first block once and the others reuse its compiled graph: the first step compiles one
 block instead of the whole model, and the compile cache (engine/compile_cache.py) keeps
@@ -30,7 +31,7 @@ from torch import nn
 from trainwise.common.errors import InputError
 from trainwise.engine.compile_cache import enable_compile_cache
 from trainwise.plan.plan import Plan
-from trainwise.techniques.checkpointing import largest_module_list
+from trainwise.techniques.block_stacks import stacked_blocks
 
 
 def compile_model_parts(parts: list[nn.Module], plan: Plan, *, in_place: bool) -> list[nn.Module]:
@@ -80,11 +81,12 @@ def compiled_blocks(part: nn.Module) -> list[nn.Module]:
 
 def transformer_blocks(part: nn.Module) -> list[nn.Module]:
     """The blocks of a model part: a pipeline stage's (held by name in a ModuleDict, see
-    models/families/stage.py), else the longest ModuleList; empty without any."""
+    models/families/stage.py), else every block of its stacks (techniques/block_stacks.py:
+    the blocks the time model prices as compiled regions); empty without any."""
     stage_blocks = getattr(getattr(part, "parts", None), "blocks", None)
     if isinstance(stage_blocks, str):
         return list(part.get_submodule(stage_blocks).values())
-    return list(largest_module_list(part) or [])
+    return stacked_blocks(part)
 
 
 def _settle_async_inputs(module: nn.Module, args: tuple, kwargs: dict):

@@ -197,9 +197,10 @@ def from_parameter(tensor: torch.Tensor) -> bool:
 
 
 def enable_activation_offload(model: nn.Module, blocks) -> ActivationOffloader:
-    """Run every block of `blocks` (a ModuleList of `model`) under one offloader's hooks;
-    the offloader is kept on the model (OFFLOADER_ATTRIBUTE)."""
-    if blocks is None:
+    """Run every block of `blocks` (the model's blocks in forward order:
+    techniques/block_stacks.py) under one offloader's hooks; the offloader is kept on the
+    model (OFFLOADER_ATTRIBUTE)."""
+    if not blocks:
         raise InputError(FLAG, f"{type(model).__name__} has no repeated blocks whose saved tensors could move; "
                                "drop the flag")
     offloader = ActivationOffloader()

@@ -13,12 +13,14 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from trainwise.common.errors import InputError
+from trainwise.techniques.block_stacks import block_stacks
 from trainwise.techniques.selective_checkpoint import checkpoint_kwargs
 
 
 def enable_checkpointing(model: nn.Module, policy: str = "full", every: int = 1) -> nn.Module:
     """Checkpoint the transformer blocks, using the model's own switch where it has one
-    (Hugging Face models), else wrapping the blocks of the largest ModuleList."""
+    (Hugging Face models), else wrapping the blocks of every stack (techniques/block_stacks.py,
+    the blocks the trace prices as checkpointed)."""
     base = getattr(model, "get_base_model", lambda: model)()  # see through a peft wrapper
     if getattr(base, "supports_gradient_checkpointing", False):
         switch = getattr(base, "activation_checkpointing_enable", None) or base.gradient_checkpointing_enable
@@ -28,12 +30,13 @@ def enable_checkpointing(model: nn.Module, policy: str = "full", every: int = 1)
         if every > 1:
             _keep_activations_between(base, every)
         return model
-    blocks = largest_module_list(model)
-    if blocks is None:
+    stacks = block_stacks(model)
+    if not stacks:
         raise InputError("--grad-ckpt", f"{type(base).__name__} has no repeated blocks to checkpoint")
-    for index, block in enumerate(blocks):
-        if index % every == 0:
-            wrap_forward(block, policy)
+    for _, blocks in stacks:
+        for index, block in enumerate(blocks):  # counted within each stack, as the trace counts them
+            if index % every == 0:
+                wrap_forward(block, policy)
     return model
 
 
@@ -58,6 +61,9 @@ def wrap_forward(block: nn.Module, policy: str) -> None:
 
 
 def largest_module_list(model: nn.Module) -> nn.ModuleList | None:
-    """The transformer blocks: the longest ModuleList of the model (None without one)."""
+    """The longest ModuleList of the model (None without one): one stack's blocks, for what
+    needs a single run of them (classic vertical placement; the per-rank estimate's one-block
+    model, single-stack models only). The blocks the engine compiles, shards, checkpoints
+    and offloads are every stack's (techniques/block_stacks.py)."""
     lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
     return max(lists, key=len) if lists else None

@@ -10,7 +10,8 @@ from torch import nn
 from trainwise.models.documents import attend_within_documents
 from trainwise.plan.plan import Plan
 from trainwise.techniques.activation_offload import enable_activation_offload
-from trainwise.techniques.checkpointing import enable_checkpointing, largest_module_list
+from trainwise.techniques.block_stacks import stacked_blocks
+from trainwise.techniques.checkpointing import enable_checkpointing
 from trainwise.techniques.float8 import apply_float8
 from trainwise.techniques.kernels import apply_kernels
 from trainwise.techniques.fused_loss_model import apply_fused_loss
@@ -44,7 +45,7 @@ def prepare_model(model: nn.Module, plan: Plan, policy: PrecisionPolicy, task: s
     if plan.grad_ckpt:
         model = enable_checkpointing(model, plan.grad_ckpt_policy, plan.grad_ckpt_every)
     if plan.activation_offload:
-        enable_activation_offload(model, largest_module_list(model))
+        enable_activation_offload(model, stacked_blocks(model))
     if policy.param_dtype != torch.float32:
         model = model.to(policy.param_dtype)
     model.train()

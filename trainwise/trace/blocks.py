@@ -24,23 +24,8 @@ from torch import nn
 from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.utils._pytree import tree_leaves
 
+from trainwise.techniques.block_stacks import block_stacks
 from trainwise.trace.block_ids import NO_BLOCK
-
-
-def find_block_stacks(model: nn.Module) -> list[tuple[str, list[nn.Module]]]:
-    """(qualified name, blocks) of every ModuleList of at least two modules of one class
-    that is not inside another such list (experts inside a block are part of the block)."""
-    stacks = []
-    inside: set[int] = set()
-    for name, module in model.named_modules():
-        if id(module) in inside or not isinstance(module, nn.ModuleList) or len(module) < 2:
-            continue
-        children = list(module)
-        if len({type(child) for child in children}) != 1:
-            continue
-        stacks.append((name, children))
-        inside.update(id(m) for child in children for m in child.modules())
-    return stacks
 
 
 class BlockTracker:
@@ -52,7 +37,7 @@ class BlockTracker:
     Block ids index `blocks`, a list of (stack name, position in the stack)."""
 
     def __init__(self, model: nn.Module):
-        self.stacks = find_block_stacks(model)
+        self.stacks = block_stacks(model)  # the blocks the engine compiles, shards and checkpoints
         self.blocks: list[tuple[str, int]] = []
         self.modules: list[nn.Module] = []
         for stack_name, children in self.stacks:

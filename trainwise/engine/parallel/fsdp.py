@@ -19,18 +19,18 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from trainwise.plan.fsdp_settings import FsdpSettings
-from trainwise.techniques.checkpointing import largest_module_list
+from trainwise.techniques.block_stacks import stacked_blocks
 
 
 def shard_model(model: nn.Module, mesh: DeviceMesh, settings: FsdpSettings) -> nn.Module:
-    """fully_shard every block of `model`, then the model itself (in place). Prefetching is
+    """fully_shard every block of `model` (techniques/block_stacks.py), then the model
+    itself (in place). Prefetching is
     FSDP2's implicit one (settings.prefetch_blocks names its depth)."""
     options = dict(mesh=mesh, reshard_after_forward=settings.reshard_after_forward,
                    mp_policy=mixed_precision(settings),
                    offload_policy=CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if settings.cpu_offload
                    else OffloadPolicy())
-    blocks = largest_module_list(model)
-    for block in blocks or ():
+    for block in stacked_blocks(model):  # every stack's: an encoder-decoder's encoder and decoder blocks
         fully_shard(block, **options)
     fully_shard(model, **options)
     return model
