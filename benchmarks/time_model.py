@@ -374,8 +374,9 @@ def accuracy(pairs: list[tuple[float, float]]) -> dict:
 
 def reference_prober(args, profile, profile_path: Path | None, probes: list[dict]):
     """A function that times calibrate's reference steps again in a fresh process under the
-    case's environment (reference_steps.py) and appends what it found to `probes`; None
-    when the profile (read from `profile_path`) timed no reference steps (a GPU's)."""
+    case's environment (reference_steps.py, given `profile_path`, the file `profile` was
+    read from) and appends what it found to `probes`; None when `profile` timed no
+    reference steps (a GPU's)."""
     from reference_steps import calibrated_steps
 
     if profile is None or not calibrated_steps(profile.measured or {}):
