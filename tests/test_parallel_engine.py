@@ -247,6 +247,36 @@ def test_vertical_placement_spreads_blocks_in_order():
     assert torch.isfinite(model(**batch).loss)
 
 
+def test_vertical_placement_spreads_every_stack_of_an_encoder_decoder():
+    """tiny-t5 has two stacks of two T5Blocks; the longest ModuleList is one decoder block's
+    three sublayers, which vertical used to spread while the encoder stayed on the first
+    device. The four blocks are the units, encoder's then decoder's, two per device; the
+    encoder's final norm stays with the encoder's last block, the head goes last."""
+    import torch
+
+    from trainwise.engine.parallel.classic import assign_blocks, outside_devices, place_vertically
+    from trainwise.models import build_model, resolve_model
+
+    model = build_model(resolve_model("tiny-t5"), "cpu")
+    blocks = [*model.encoder.block, *model.decoder.block]
+    devices = [torch.device("cpu", 0), torch.device("cpu", 1)]  # distinct stand-ins; the tensors stay on the CPU
+    assert place_vertically(model, devices) == [devices[0], devices[0], devices[1], devices[1]]
+    assert [m for m in model.modules() if type(m).__name__ == "T5Block" and m._forward_pre_hooks] == blocks
+    assert not any(sublayer._forward_pre_hooks for block in blocks for sublayer in block.layer)
+
+    four = ["gpu0", "gpu1", "gpu2", "gpu3"]
+    outside = {name: device for name, _, device in outside_devices(model, blocks, assign_blocks(4, four), four[-1])}
+    assert outside["encoder.final_layer_norm"] == "gpu1" and outside["encoder.dropout"] == "gpu1"
+    assert outside["decoder.final_layer_norm"] == "gpu3" and outside["lm_head"] == "gpu3"
+    assert "shared" not in outside and "encoder.embed_tokens" not in outside  # before the first block: first device
+
+    batch = {"input_ids": torch.randint(0, 100, (2, 16)), "labels": torch.randint(0, 100, (2, 8))}
+    loss = model(**batch).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None for block in blocks for p in block.parameters() if p.requires_grad)
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_sharded_data_tensor_sequence_and_pipeline_parallel_match_one_process(tmp_path):

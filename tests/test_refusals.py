@@ -73,6 +73,18 @@ def test_a_request_cpu_cannot_honour_is_refused_alike_by_every_command(command, 
               message=_readable(message, tmp_path))
 
 
+@pytest.mark.parametrize("command", ["estimate", "plan"])
+@pytest.mark.parametrize("classic", ["vertical", "data-parallel"])
+def test_classic_on_gpus_is_refused_by_estimate_and_plan_alike(command, classic, capsys):
+    """Neither prices a classic layout (one device's figure is not each GPU's): plan judges
+    every candidate by its estimate, so it refuses the fixed flag up front rather than
+    reporting that no plan could be traced. Same for one stack or two (tiny-t5)."""
+    for model in ("tiny-llama", "tiny-t5"):
+        code = main([command, model, "--device", "H100-SXM", "--classic", classic])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and err[0].startswith("trainwise: error: --classic: not supported yet"), err
+
+
 @pytest.mark.fault
 def test_flash_without_the_flash_attn_package_is_refused_where_the_run_happens(monkeypatch, fault_log):
     """On an A100 flash runs, so estimate (which predicts for a device that may be elsewhere)

@@ -13,7 +13,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from trainwise.api.compatibility import check_request
+from trainwise.api.compatibility import check_estimate_support, check_request
 from trainwise.api.estimate import estimate
 from trainwise.api.search_layouts import check_layout_request, layout_candidates
 from trainwise.common.errors import InputError
@@ -187,10 +187,12 @@ def plan_search(model: str | ModelSpec, base: Plan, fixed: set[str] | frozenset[
 
 
 def _check_fixed(base: Plan, fixed: frozenset[str], device: Device, spec: ModelSpec) -> None:
-    """A fixed knob the device or model cannot run is refused now, naming its flag; refusals
-    of knobs the search chooses only remove those values from the search."""
+    """A fixed knob the device or model cannot run, or that estimate cannot price (every
+    candidate is judged by its estimate), is refused now, naming its flag; refusals of
+    knobs the search chooses only remove those values from the search."""
     try:
         check_request(base, device, spec, here=False)
+        check_estimate_support(base)  # else each candidate's refusal reads as "no plan could be traced"
     except InputError as refused:
         if refused.field.lstrip("-").replace("-", "_") in fixed:
             raise

@@ -61,9 +61,9 @@ def wrap_forward(block: nn.Module, policy: str) -> None:
 
 
 def largest_module_list(model: nn.Module) -> nn.ModuleList | None:
-    """The longest ModuleList of the model (None without one): one stack's blocks, for what
-    needs a single run of them (classic vertical placement; the per-rank estimate's one-block
-    model, single-stack models only). The blocks the engine compiles, shards, checkpoints
-    and offloads are every stack's (techniques/block_stacks.py)."""
+    """The longest ModuleList of the model (None without one): one stack's blocks, for the
+    per-rank estimate's one-block model (single-stack models only). The blocks the engine
+    compiles, shards, checkpoints, offloads and places vertically are every stack's
+    (techniques/block_stacks.py)."""
     lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
     return max(lists, key=len) if lists else None

@@ -3,7 +3,8 @@
 data-parallel: torch.nn.DataParallel. One process scatters each micro-batch over the
     visible GPUs, replicates the model every step, gathers outputs on the first GPU. Easy
     and slow (the replication and the single Python thread): DDP is the fix.
-vertical: naive model parallel. Blocks are placed on the GPUs in order (embeddings on the
+vertical: naive model parallel. The blocks of every stack (an encoder-decoder's encoder
+    blocks, then its decoder blocks) are placed on the GPUs in order (embeddings on the
     first, the head on the last) and the activations hop from GPU to GPU; one GPU works
     at a time. Pipeline parallel (--pp) is the fix.
 
@@ -18,7 +19,7 @@ from torch import nn
 
 from trainwise.common.errors import InputError
 from trainwise.plan.plan import Plan
-from trainwise.techniques.checkpointing import largest_module_list
+from trainwise.techniques.block_stacks import stacked_blocks
 
 
 def classic_devices(device: torch.device) -> list[torch.device]:
@@ -36,18 +37,22 @@ def data_parallel_module(model: nn.Module, devices: list[torch.device]) -> nn.Mo
 
 
 def place_vertically(model: nn.Module, devices: list[torch.device]) -> list[torch.device]:
-    """Move blocks to `devices` in order, in balanced contiguous runs, and make every
-    block (and the modules after the blocks) move its inputs to its own device first.
-    Returns the device of each block."""
-    blocks = largest_module_list(model)
-    if blocks is None:
+    """Move the blocks of every stack (techniques/block_stacks.py: an encoder-decoder's
+    encoder blocks, then its decoder blocks) to `devices` in order, in balanced contiguous
+    runs, place the modules outside them (`outside_devices`), and make every block and
+    every module holding weights move its inputs to its own device first. Returns the
+    device of each block."""
+    blocks = stacked_blocks(model)
+    if not blocks:
         raise InputError("--classic", f"vertical needs repeated blocks to place; {type(model).__name__} has none")
-    model.to(devices[0])  # embeddings and everything outside the blocks start on the first device
+    model.to(devices[0])  # embeddings and everything before the first block start on the first device
     placement = assign_blocks(len(blocks), devices)
     for block, device in zip(blocks, placement):
         block.to(device)
         block.register_forward_pre_hook(_inputs_to(device), with_kwargs=True)
-    _after_blocks(model, blocks, devices[-1])
+    for _, module, device in outside_devices(model, blocks, placement, devices[-1]):
+        module.to(device)
+    _inputs_to_weights(model, blocks)
     return placement
 
 
@@ -56,20 +61,36 @@ def assign_blocks(count: int, devices: list) -> list:
     return [devices[index * len(devices) // count] for index in range(count)]
 
 
-def _after_blocks(model: nn.Module, blocks: nn.ModuleList, device: torch.device) -> None:
-    """Modules registered after the blocks (final norm, head) go to the last device; every
-    module outside the blocks that holds weights moves its inputs to where its weights
-    are (a head tied to the embedding drags the embedding along, so both need it)."""
-    in_blocks = {id(m) for m in blocks.modules()}
-    after = False
-    for module in model.modules():
-        if module is blocks:
-            after = True
+def outside_devices(model: nn.Module, blocks: list[nn.Module], placement: list,
+                    last) -> list[tuple[str, nn.Module, object]]:
+    """(name, module, device) of each leaf module outside the blocks that leaves the first
+    device (a parent with children moves with them).
+
+    A module between two stacks (T5's encoder final norm and dropout, a vision tower's
+    post-norm and projector) goes with the last block before it: it takes that stack's
+    output, so the activations hop once, to the next stack's first block, rather than back
+    to the first device and on again (the next stack's own embedding, registered before
+    its blocks, goes along: it reads token ids, and a tied one is wherever its last
+    sharer was put). A module after the last stack (final norm, head)
+    goes to the `last` device, as it did with one stack, even where there are fewer blocks
+    than devices. Everything before the first block stays on the first device."""
+    device_of = {id(block): device for block, device in zip(blocks, placement)}
+    in_blocks = {id(m) for block in blocks for m in block.modules()}
+    placed, current, remaining = [], None, len(blocks)
+    for name, module in model.named_modules():
+        if id(module) in device_of:
+            current, remaining = device_of[id(module)], remaining - 1
             continue
-        if id(module) in in_blocks or list(module.children()):
+        if id(module) in in_blocks or list(module.children()) or current is None:
             continue
-        if after:
-            module.to(device)
+        placed.append((name, module, current if remaining else last))
+    return placed
+
+
+def _inputs_to_weights(model: nn.Module, blocks: list[nn.Module]) -> None:
+    """Every module outside the blocks that holds weights moves its inputs to where its
+    weights are (a head tied to the embedding drags the embedding along, so both need it)."""
+    in_blocks = {id(m) for block in blocks for m in block.modules()}
     for module in model.modules():
         if id(module) in in_blocks or list(module.children()) or not list(module.parameters(recurse=False)):
             continue
