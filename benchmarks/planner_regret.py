@@ -52,6 +52,7 @@ import provenance
 
 provenance.add_repo_to_path()
 
+from steady_calibration import CALIBRATION_TRIES, calibrate_until_steady, tries_text  # noqa: E402
 from trainwise.common.atomic import atomic_write_text  # noqa: E402
 
 # The groups: tiny catalog models (built from their configs, nothing downloaded), small
@@ -83,9 +84,6 @@ GROUPS = (
 # --quick: one decoder and the encoder-decoder, a few plans, two repeats (a smoke run).
 QUICK_GROUPS = ("tiny-llama/s64/gb4", "tiny-t5/s64/gb4")
 TARGET_MEDIAN_REGRET, TARGET_MAX_REGRET, TARGET_SPEARMAN = 0.03, 0.10, 0.8
-# Calibrations at most, the later ones only where the machine's speed moved during the one
-# before (about 45 s each).
-CALIBRATION_TRIES = 3
 
 
 def group_name(group: dict) -> str:
@@ -153,14 +151,9 @@ def chosen_groups(parser: argparse.ArgumentParser, text: str | None) -> list[dic
 
 def profile_in_fresh_cache(args, cache: Path) -> dict:
     """Calibrate into (or copy --profile into) the fresh cache's default profile path; how.
-    A calibration during which the machine's speed moved (its reference steps timed again
-    at its end more than 10 % off: trainwise.calibration.steadiness) is run again, up to
-    CALIBRATION_TRIES in all, as its warning tells a user to: the page's picks rest on the
-    profile. Repeats that spread do not count here: every quiet calibration of this 2-core
-    VM has had some (16-19 measurements over 10 % in the last three). Tries are kept by
-    their steadiness, never by how well they predict; every try is recorded."""
+    A calibration during which the machine's speed moved is run again (steady_calibration.py):
+    the page's picks rest on the profile."""
     from trainwise.api.calibrate import calibrate
-    from trainwise.calibration.steadiness import unsteady_warning
     from trainwise.hardware import resolve_device
     from trainwise.hardware.profile import default_profile_path
 
@@ -170,20 +163,17 @@ def profile_in_fresh_cache(args, cache: Path) -> dict:
         shutil.copyfile(args.profile, path)
         return {"how": f"the profile given (--profile {args.profile}), copied into a fresh cache", "warnings": [],
                 "calibration_s": None}
-    attempts = []
-    for attempt in range(1, CALIBRATION_TRIES + 1):
+
+    def calibrate_once(attempt: int):
         print(f"calibrating the CPU in a fresh cache (default threads; try {attempt} of at most "
               f"{CALIBRATION_TRIES}) ...", flush=True)
-        started = time.perf_counter()
         result = calibrate("cpu", quick=args.quick)
-        attempts.append({"calibration_s": round(time.perf_counter() - started, 1), "warnings": list(result.warnings),
-                         "unsteady": unsteady_warning(result.profile.measured) is not None})
-        if not attempts[-1]["unsteady"]:
-            break
+        return result, result.profile.measured, result.warnings
+
+    _result, attempts = calibrate_until_steady(calibrate_once)
     return {"how": f"`trainwise calibrate --device cpu{' --quick' if args.quick else ''}` run first in a fresh "
                    "cache directory, at default threads; the search found it where `trainwise plan` looks"
-                   + (f" (the last of {len(attempts)} tries: a calibration during which the machine's speed "
-                      "moved was run again, as its warning tells a user)" if len(attempts) > 1 else ""),
+                   + tries_text(attempts),
             "warnings": attempts[-1]["warnings"], "calibration_s": attempts[-1]["calibration_s"],
             "attempts": attempts}
 

@@ -20,6 +20,7 @@ import provenance
 provenance.add_repo_to_path()
 
 from planner_regret import TARGET_MAX_REGRET, TARGET_MEDIAN_REGRET, TARGET_SPEARMAN  # noqa: E402
+from steady_calibration import tries_lines  # noqa: E402
 from time_model import spearman  # noqa: E402
 
 
@@ -114,7 +115,7 @@ def render_page(launches: list[dict], command: str) -> str:
     warnings = _warnings(launch)
     if warnings:
         lines += ["Warnings (the figures below may be off):", ""] + [f"- {w}" for w in warnings] + [""]
-    lines += _calibration_tries(launch["profile"].get("attempts", []))
+    lines += tries_lines(launch["profile"].get("attempts", []))
     lines += ["| group | pick | fastest measured | regret (measured) | noise: larger spread of the two | "
               "Spearman (predicted vs measured) | misordered pairs beyond noise / all |",
               "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
@@ -166,16 +167,6 @@ def _group_section(group: dict, found: dict) -> list[str]:
             f"{m['faster_predicted']} vs {m['faster_measured']} {_pct(m['gap'])}"
             + ("" if m["beyond_noise"] else " (inside the noise)") for m in found["misordered"])]
     return lines
-
-
-def _calibration_tries(attempts: list[dict]) -> list[str]:
-    """Every calibration run when more than one was (the machine's speed moved during each
-    but the last), each with what it warned."""
-    if len(attempts) < 2:
-        return []
-    return ([f"Calibration: {len(attempts)} tries; the machine's speed moved during each but the last:", ""]
-            + [f"- try {n} ({a['calibration_s']} s): " + ("; ".join(a["warnings"]) or "no warning")
-               for n, a in enumerate(attempts, 1)] + [""])
 
 
 def _warnings(launch: dict) -> list[str]:

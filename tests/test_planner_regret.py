@@ -15,6 +15,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import planner_regret  # noqa: E402
 import provenance  # noqa: E402
 import render_planner_regret  # noqa: E402
+import steady_calibration  # noqa: E402
 
 
 def test_the_groups_span_eight_searches_and_four_families_with_an_encoder_and_an_encoder_decoder():
@@ -205,7 +206,7 @@ def test_a_calibration_during_which_the_speed_moved_is_run_again_up_to_three_tim
     assert all("repeats spread" in a["warnings"][0] for a in found["attempts"])
     assert (f"the last of {tries} tries" in found["how"]) == (tries > 1)
 
-    page = render_planner_regret._calibration_tries(found["attempts"])
+    page = steady_calibration.tries_lines(found["attempts"])
     assert len(page) == (0 if tries == 1 else tries + 3)
     if tries > 1:
         assert "speed changed while calibrating" in page[2] and page[2].startswith("- try 1 (")
