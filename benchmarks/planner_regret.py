@@ -27,11 +27,18 @@ regret read from 3 runs each can be all noise. Every group gets them, whichever 
 was ahead, so the extra runs cannot only ever help the pick. Measured = the median over all
 runs; spread = (max - min) / median.
 
-Per group: the pick's regret = measured(pick) / measured(fastest measured) - 1, shown beside
-both plans' spreads (a regret under them is inside the noise); Spearman's rank correlation
-of predicted and measured times; the pairs the model misorders. Overall: the median and
+Per group: the pick's regret, read two ways from the same runs. Paired (the headline): the
+rival is the fastest other plan by median; each round of runs holds one run of each (the
+round-robin rounds, a minute or so apart, and the settling pairs, back to back), and the
+regret is the median over the rounds of pick / rival, less 1, or 0 where that is under 1.
+A slow spell then stretches both runs of a pair, not one plan's median: on this VM the
+machine's speed moves within the hour by more than the plans differ. Of medians (as
+before): measured(pick) / measured(fastest measured) - 1, shown beside both plans' spreads
+(a regret under them is inside the noise). Also per group: Spearman's rank correlation of
+predicted and measured times; the pairs the model misorders. Overall: the median and
 maximum regret, the median Spearman. Targets (issue 26): median regret <= 3 %, max <= 10 %,
-within-group Spearman >= 0.8. Nothing is fitted here. Exit 1 when a target is missed.
+within-group Spearman >= 0.8, judged on the paired regret where every group has pairs.
+Nothing is fitted here. Exit 1 when a target is missed.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ import provenance
 
 provenance.add_repo_to_path()
 
+from steady_calibration import CALIBRATION_TRIES, calibrate_until_steady, tries_text  # noqa: E402
 from trainwise.common.atomic import atomic_write_text  # noqa: E402
 
 # The groups: tiny catalog models (built from their configs, nothing downloaded), small
@@ -83,9 +91,6 @@ GROUPS = (
 # --quick: one decoder and the encoder-decoder, a few plans, two repeats (a smoke run).
 QUICK_GROUPS = ("tiny-llama/s64/gb4", "tiny-t5/s64/gb4")
 TARGET_MEDIAN_REGRET, TARGET_MAX_REGRET, TARGET_SPEARMAN = 0.03, 0.10, 0.8
-# Calibrations at most, the later ones only where the machine's speed moved during the one
-# before (about 45 s each).
-CALIBRATION_TRIES = 3
 
 
 def group_name(group: dict) -> str:
@@ -153,14 +158,9 @@ def chosen_groups(parser: argparse.ArgumentParser, text: str | None) -> list[dic
 
 def profile_in_fresh_cache(args, cache: Path) -> dict:
     """Calibrate into (or copy --profile into) the fresh cache's default profile path; how.
-    A calibration during which the machine's speed moved (its reference steps timed again
-    at its end more than 10 % off: trainwise.calibration.steadiness) is run again, up to
-    CALIBRATION_TRIES in all, as its warning tells a user to: the page's picks rest on the
-    profile. Repeats that spread do not count here: every quiet calibration of this 2-core
-    VM has had some (16-19 measurements over 10 % in the last three). Tries are kept by
-    their steadiness, never by how well they predict; every try is recorded."""
+    A calibration during which the machine's speed moved is run again (steady_calibration.py):
+    the page's picks rest on the profile."""
     from trainwise.api.calibrate import calibrate
-    from trainwise.calibration.steadiness import unsteady_warning
     from trainwise.hardware import resolve_device
     from trainwise.hardware.profile import default_profile_path
 
@@ -170,20 +170,17 @@ def profile_in_fresh_cache(args, cache: Path) -> dict:
         shutil.copyfile(args.profile, path)
         return {"how": f"the profile given (--profile {args.profile}), copied into a fresh cache", "warnings": [],
                 "calibration_s": None}
-    attempts = []
-    for attempt in range(1, CALIBRATION_TRIES + 1):
+
+    def calibrate_once(attempt: int):
         print(f"calibrating the CPU in a fresh cache (default threads; try {attempt} of at most "
               f"{CALIBRATION_TRIES}) ...", flush=True)
-        started = time.perf_counter()
         result = calibrate("cpu", quick=args.quick)
-        attempts.append({"calibration_s": round(time.perf_counter() - started, 1), "warnings": list(result.warnings),
-                         "unsteady": unsteady_warning(result.profile.measured) is not None})
-        if not attempts[-1]["unsteady"]:
-            break
+        return result, result.profile.measured, result.warnings
+
+    _result, attempts = calibrate_until_steady(calibrate_once)
     return {"how": f"`trainwise calibrate --device cpu{' --quick' if args.quick else ''}` run first in a fresh "
                    "cache directory, at default threads; the search found it where `trainwise plan` looks"
-                   + (f" (the last of {len(attempts)} tries: a calibration during which the machine's speed "
-                      "moved was run again, as its warning tells a user)" if len(attempts) > 1 else ""),
+                   + tries_text(attempts),
             "warnings": attempts[-1]["warnings"], "calibration_s": attempts[-1]["calibration_s"],
             "attempts": attempts}
 
@@ -255,6 +252,7 @@ def measure(groups: list[dict], args, workdir: Path) -> None:
                 plan["errors"].append((row.get("errors") or ["no timed step"])[-1])
             else:
                 plan["repeats_s"].append(found[1])  # wall seconds: what a user waits for
+                plan.setdefault("rounds", []).append(repeat)  # which runs of two plans pair up
         spent = time.perf_counter() - started
         print(f"repeat {repeat + 1} of {args.repeats} done after {spent / 60:.1f} min; about "
               f"{spent / (repeat + 1) * (args.repeats - repeat - 1) / 60:.1f} min left (measured)", flush=True)
@@ -285,7 +283,10 @@ def settle(groups: list[dict], args, workdir: Path) -> None:
         if pair is None:
             continue
         for repeat in range(args.settle):
-            for index in pair:
+            # Each pair's two runs back to back, the order swapped every pair (pick first,
+            # then rival first, ...): whatever the second run of a pair gains or loses from
+            # the first falls on both plans alike.
+            for index in (pair if repeat % 2 == 0 else pair[::-1]):
                 plan = group["plans"][index]
                 plan["settle_runs"] = plan.get("settle_runs", 0) + 1
                 row = {"name": f"{group['name']} {index}", "model": group["model"],
@@ -295,6 +296,7 @@ def settle(groups: list[dict], args, workdir: Path) -> None:
                     plan["errors"].append((row.get("errors") or ["no timed step"])[-1])
                 else:
                     plan["repeats_s"].append(found[1])
+                    plan.setdefault("rounds", []).append(args.repeats + repeat)
         print(f"{group['name']}: settled plans {pair[0] + 1} and {pair[1] + 1} with {args.settle} more runs each "
               f"({(time.perf_counter() - started) / 60:.1f} min of settling so far, measured)", flush=True)
 

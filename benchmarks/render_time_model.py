@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from steady_calibration import tries_lines
 from trainwise.cli.render_calibrate import rate_rows
 
 
@@ -49,7 +50,8 @@ def _steps_text(args) -> str:
             "timed steps (the steps per run column)")
 
 
-def render(rows: list[dict], summary: dict, verdict: str, warnings: list[str], args, profile, seconds: float) -> str:
+def render(rows: list[dict], summary: dict, verdict: str, warnings: list[str], args, profile, seconds: float,
+           tries: list[dict] = ()) -> str:
     lines = [f"## {args.case.what[0].upper()}{args.case.what[1:]}", "",
              f"Seconds per optimizer step on {args.device}: predicted by `trainwise.api.estimate(model, plan, "
              "profile=...).time.step_s`, measured by `trainwise train` in a fresh process "
@@ -64,6 +66,7 @@ def render(rows: list[dict], summary: dict, verdict: str, warnings: list[str], a
     lines += [f"**{verdict}**", ""]
     if warnings:
         lines += ["Warnings (the figures below may be off):", ""] + [f"- {w}" for w in warnings] + [""]
+    lines += tries_lines(list(tries))
     lines += [f"| plan | split | predicted s (predicted) | measured {args.clock} s (median, measured) | spread | error "
               "| wall s (median, measured) | steps per run |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for row in rows:

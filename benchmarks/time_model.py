@@ -62,6 +62,7 @@ import provenance
 
 provenance.add_repo_to_path()
 
+from steady_calibration import CALIBRATION_TRIES, calibrate_until_steady  # noqa: E402
 from trainwise.common.atomic import atomic_write_text  # noqa: E402
 
 TARGET_MAPE_PCT, TARGET_SPEARMAN, MIN_PLANS = 15.0, 0.9, 12
@@ -223,22 +224,31 @@ def plans(args, scratch: Path) -> list[dict]:
 
 
 def profile_for_run(args, case: Case, scratch: Path):
-    """(profile, its file, warnings): the profile predictions use: --profile, else `trainwise calibrate` run now in a fresh
-    process under the case's settings (the default way: torch's default thread count)."""
+    """(profile, its file, warnings, calibration tries): the profile predictions use:
+    --profile, else `trainwise calibrate` run now in a fresh process under the case's
+    settings (the default way: torch's default thread count), again where the machine's
+    speed moved while it ran (steady_calibration.py)."""
     from trainwise.api.calibrate import busy_warnings
     from trainwise.hardware.profile import read_profile
 
-    path = args.profile
-    if not path:
-        path = scratch / f"profile-{case.name}.json"
-        print(f"calibrating ({case.name}; about a minute) ...", flush=True)
+    if args.profile:
+        profile = read_profile(args.profile)
+        return profile, args.profile, busy_warnings(profile.measured), []
+    path = scratch / f"profile-{case.name}.json"
+
+    def calibrate_once(attempt: int):
+        print(f"calibrating ({case.name}; about a minute; try {attempt} of at most {CALIBRATION_TRIES}) ...",
+              flush=True)
         argv = [sys.executable, "-m", "trainwise", "calibrate", "--device", args.device, "--out", str(path)]
         done = subprocess.run(argv + (["--quick"] if args.quick else []), env=case_environment(case),
                               capture_output=True, text=True)
         if done.returncode != 0:
             missing(f"trainwise calibrate failed: {(done.stderr.strip().splitlines() or ['no output'])[-1]}")
-    profile = read_profile(path)
-    return profile, path, busy_warnings(profile.measured)
+        profile = read_profile(path)
+        return profile, profile.measured, busy_warnings(profile.measured)
+
+    profile, attempts = calibrate_until_steady(calibrate_once)
+    return profile, path, attempts[-1]["warnings"], attempts
 
 
 def case_environment(case: Case) -> dict:
@@ -477,7 +487,8 @@ def run_case(args, case: Case, rows: list[dict], scratch: Path) -> tuple[str, bo
     torch.set_num_threads(case.threads or args.default_threads)  # the thread count estimate checks the profile against
     case_prov = {"load_start": provenance.load_average(), "cores": provenance.cpu_count(),
                  "cpu_probe": provenance.cpu_probe()}
-    profile, profile_path, warnings = (None, None, []) if args.measure_only else profile_for_run(args, case, scratch)
+    profile, profile_path, warnings, tries = ((None, None, [], []) if args.measure_only
+                                              else profile_for_run(args, case, scratch))
     if profile is not None:
         predict(rows, profile)  # first: a missing time model fails in seconds, not after the runs
     started, probes = time.perf_counter(), []
@@ -489,7 +500,7 @@ def run_case(args, case: Case, rows: list[dict], scratch: Path) -> tuple[str, bo
         ok, line = True, "quick smoke run: too few plans and repeats for a verdict"
     else:
         ok, line = verdict(summary) if profile is not None else (True, "measured only: no prediction, no verdict")
-    return render(rows, summary, line, warnings, args, profile, time.perf_counter() - started), ok
+    return render(rows, summary, line, warnings, args, profile, time.perf_counter() - started, tries), ok
 
 
 def noise_warnings(rows: list[dict], prov: dict) -> list[str]:

@@ -4,6 +4,7 @@ pairs its page reports, and the page rendered from its rows file."""
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import planner_regret  # noqa: E402
 import provenance  # noqa: E402
 import render_planner_regret  # noqa: E402
+import steady_calibration  # noqa: E402
 
 
 def test_the_groups_span_eight_searches_and_four_families_with_an_encoder_and_an_encoder_decoder():
@@ -75,9 +77,38 @@ def test_the_page_is_rendered_from_the_rows_and_says_which_targets_were_missed(t
     found = provenance.parse(text)
     assert found["command"].startswith("`python benchmarks/render_planner_regret.py")
     assert "`python benchmarks/planner_regret.py`" in found["measured by"] and found["device profile"] == "a test profile"
-    assert "**MISSED:" in text and "median regret 50.0 %, max 100.0 %" in text
-    assert "| b/s64/gb8 | 1: batch_size=8 | 2 | 100.0 % | 0.0 % | 0.50 | 1 / 1 |" in text
-    assert "| a/s64/gb8 | 1: defaults | 1 | 0.0 % (inside the noise) |" in text
+    assert "**MISSED:" in text and "median regret 50.0 %, max 100.0 % (of medians: these rows have no paired" in text
+    assert "| b/s64/gb8 | 1: batch_size=8 | 2 | - | - | 2 | 100.0 % | 0.0 % | 0.50 | 1 / 1 |" in text
+    assert "| a/s64/gb8 | 1: defaults | 2 | - | - | 1 | 0.0 % (inside the noise) |" in text
+
+
+def test_the_paired_regret_reads_each_rounds_two_runs_together_and_is_the_headline():
+    """Runs of one round are taken close together, so a slow spell stretches both: the
+    regret is the median over the rounds of pick / rival, each run paired with its round's."""
+    pick = _plan("pick", 1.0, [1.0, 1.5, 1.5, 1.01])
+    rival = _plan("confirmed", 1.1, [1.02, 1.02, 1.45, 1.45, 1.45])
+    pick["rounds"], rival["rounds"] = [0, 1, 3, 4], [0, 1, 2, 3, 4]  # the pick's run of round 2 failed
+    group = _group("m/s64/gb8", [pick, rival, _plan("drawn", 3.0, [3.0, 3.0, 3.0])])
+    ratios = [1.0 / 1.02, 1.5 / 1.02, 1.5 / 1.45, 1.01 / 1.45]
+    assert render_planner_regret.paired_ratios(pick, rival) == pytest.approx(ratios)
+    found = render_planner_regret.group_summary(group)
+    assert found["rival"] == 2 and found["regret"] == pytest.approx(0.0)  # medians 1.255 against 1.45
+    assert found["paired_regret"] == pytest.approx(statistics.median(ratios) - 1)
+    assert render_planner_regret._paired(found).endswith("(inside the noise)")  # the pick won two rounds
+
+    # Faster in every round: no regret, whatever the rounds' speeds.
+    rival["rounds"] = pick["rounds"] = [0, 1, 2, 3]
+    rival["repeats_s"] = [1.05 * s for s in pick["repeats_s"]]
+    assert render_planner_regret.group_summary(group)["paired_regret"] == 0.0
+    summary = render_planner_regret.summarize([group])
+    assert summary["judged_paired"] and summary["median_paired_regret"] == 0.0 and summary["met"]
+
+    # Slower in every round: beyond the noise, and the targets are judged on it.
+    rival["repeats_s"] = [0.8 * s for s in pick["repeats_s"]]
+    found = render_planner_regret.group_summary(group)
+    assert found["paired_regret"] == pytest.approx(0.25) and "noise" not in render_planner_regret._paired(found)
+    summary = render_planner_regret.summarize([group])
+    assert summary["max_paired_regret"] == pytest.approx(0.25) and not summary["met"]
 
 
 def test_each_plan_is_run_by_trainwise_train_at_default_threads_and_timed_in_wall_seconds(tmp_path, monkeypatch):
@@ -106,6 +137,7 @@ def test_each_plan_is_run_by_trainwise_train_at_default_threads_and_timed_in_wal
     args = argparse.Namespace(steps=5, warmup=1, repeats=2, timed_seconds=0.0)
     planner_regret.measure(groups, args, tmp_path)
     assert plan["errors"] == [] and plan["repeats_s"] == [0.5, 0.5]  # wall seconds, not CPU
+    assert plan["rounds"] == [0, 1]  # each run's round, to pair it with another plan's
     assert all("train" in argv and "OMP_NUM_THREADS" not in env for argv, env in calls) and len(calls) == 2
     assert all(argv[argv.index("--steps") + 1] == "5" for argv, _ in calls)
 
@@ -170,7 +202,10 @@ def test_every_group_settles_its_pick_and_the_fastest_other_plan_with_alternate_
     monkeypatch.setattr(plan_module.Plan, "from_dict", staticmethod(lambda d: d))
     planner_regret.settle([slow_pick, fast_pick], argparse.Namespace(settle=3, repeats=3, steps=5, warmup=1,
                                                                      timed_seconds=0.0), tmp_path)
-    assert order == ["a/s64/gb8 0", "a/s64/gb8 2"] * 3 + ["b/s64/gb8 0", "b/s64/gb8 2"] * 3
+    # Back-to-back pairs, the order swapped every pair.
+    assert order == (["a/s64/gb8 0", "a/s64/gb8 2", "a/s64/gb8 2", "a/s64/gb8 0", "a/s64/gb8 0", "a/s64/gb8 2"]
+                     + ["b/s64/gb8 0", "b/s64/gb8 2", "b/s64/gb8 2", "b/s64/gb8 0", "b/s64/gb8 0", "b/s64/gb8 2"])
+    assert slow_pick["plans"][0]["rounds"] == slow_pick["plans"][2]["rounds"] == [3, 4, 5]
     assert slow_pick["plans"][0]["repeats_s"] == [1.3] * 3 + [1.0] * 3 and slow_pick["plans"][1]["repeats_s"] == [1.5] * 3
     assert slow_pick["plans"][0]["settle_runs"] == 3 and "settle_runs" not in slow_pick["plans"][1]
     # The pick's median is now (1.0 + 1.3) / 2 against 1.0: the regret reads all six runs.
@@ -205,7 +240,7 @@ def test_a_calibration_during_which_the_speed_moved_is_run_again_up_to_three_tim
     assert all("repeats spread" in a["warnings"][0] for a in found["attempts"])
     assert (f"the last of {tries} tries" in found["how"]) == (tries > 1)
 
-    page = render_planner_regret._calibration_tries(found["attempts"])
+    page = steady_calibration.tries_lines(found["attempts"])
     assert len(page) == (0 if tries == 1 else tries + 3)
     if tries > 1:
         assert "speed changed while calibrating" in page[2] and page[2].startswith("- try 1 (")

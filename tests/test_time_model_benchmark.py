@@ -135,3 +135,39 @@ def test_a_round_of_runs_is_bracketed_by_timings_of_the_machine(tmp_path, monkey
     args.clock = "wall"
     time_model.measure([{"name": "a"}, {"name": "b"}], args, tmp_path, between=lambda: calls.append("probe"))
     assert calls == ["probe", 0, 0, "probe", 1, 1, "probe"]
+
+
+@pytest.mark.parametrize("moved, tries", [([], 1), ([1.3], 2), ([1.3, 0.7, 1.2], 3)])
+def test_the_benchmark_calibrates_again_while_the_machines_speed_moved_and_the_page_lists_every_try(
+        tmp_path, monkeypatch, moved, tries):
+    """As planner_regret.py does: a calibration whose reference steps moved more than 10 %
+    is run again, at most three times, and the page says so."""
+    import json
+    import types
+
+    import render_time_model
+
+    from trainwise.hardware import resolve_device
+    from trainwise.hardware.profile import catalog_profile, read_profile
+
+    calls = []
+
+    def fake_run(argv, env=None, capture_output=None, text=None):
+        calls.append(argv)
+        ratio = moved[len(calls) - 1] if len(calls) <= len(moved) else 1.0
+        data = json.loads(Path(source).read_text())
+        data["measured"] = {**(data.get("measured") or {}), "steadiness": {"ratio": ratio}}
+        Path(argv[argv.index("--out") + 1]).write_text(json.dumps(data))
+        return types.SimpleNamespace(returncode=0, stderr="", stdout="")
+
+    source = tmp_path / "source.json"  # any profile file: only its steadiness is read
+    source.write_text(json.dumps(catalog_profile(resolve_device("H100")).to_json()))
+    monkeypatch.setattr(time_model.subprocess, "run", fake_run)
+    args = time_model.parse_args(["--cases", "default"])
+    profile, path, warnings, found = time_model.profile_for_run(args, time_model.CASES["default"], tmp_path)
+    assert len(calls) == tries == len(found)
+    assert read_profile(path).measured["steadiness"]["ratio"] == (moved[-1] if len(moved) >= tries else 1.0)
+    assert found[-1]["unsteady"] == (len(moved) >= 3)
+    assert warnings == found[-1]["warnings"]
+    page = render_time_model.tries_lines(found)
+    assert len(page) == (0 if tries == 1 else tries + 3)
