@@ -134,6 +134,7 @@ def test_a_quick_cpu_profile_times_a_compiled_dropout_on_the_bytes_the_trace_cha
     profile = read_profile(cached_profile)
     assert profile.compiled_random is not None and _finite_positive(profile.compiled_random.per_s)
     assert profile.compiled_random.fixed_s == 0.0
+    assert "random in a compiled region" in profile.measured["spread"]
     cpu = torch.device("cpu")
     counts = element_counts(cpu, QUICK)
     assert [x for x, _ in profile.measured["compiled_random"]["points"]] == [2 * 4 * n for n in counts]
@@ -149,7 +150,9 @@ def test_where_torch_compile_fails_the_profile_prices_compiled_dropout_at_the_ea
         raise RuntimeError("InductorError: CppCompileError: no C++ compiler found\nmore")
     monkeypatch.setattr(torch, "compile", no_compiler)
     profile = DeviceProfile("cpu", "cpu", "test", {"fp32": Rate(1e10)}, {}, Rate(1e10), 5e-6, random=Rate(2e9))
-    found = calibrate._with_compiled_random(profile, torch.device("cpu"), QUICK)
+    spreads = {}
+    found = calibrate._with_compiled_random(profile, torch.device("cpu"), QUICK, spreads)
+    assert spreads == {}
     assert found.compiled_random is None and found.compiled_random_rate("fp32") == Rate(2e9)
     assert found.measured["compiled_random"]["why"] == (
         "torch.compile failed on this machine (RuntimeError: InductorError: CppCompileError: no C++ compiler "

@@ -115,7 +115,7 @@ def calibrate(device: str = "cpu", out: str | Path | None = None, nproc: int = 1
     # The context before the compiled chains: an eager step loads no Triton kernels.
     profile = _with_context(profile, torch_device)
     profile = _with_compiled_host(profile, torch_device, settings)
-    profile = _with_compiled_random(profile, torch_device, settings)
+    profile = _with_compiled_random(profile, torch_device, settings, spreads)
     _time_steadiness(profile, torch_device, settings)  # last: it times again what was fitted first
     seconds = round(time.perf_counter() - started, 1)
     measured.update(_provenance(target, nproc, quick, settings, seconds, load_start, spreads))
@@ -205,15 +205,18 @@ def _with_compiled_host(profile: DeviceProfile, device, settings) -> DeviceProfi
                                host_s_per_compiled_region=found["region_s"])
 
 
-def _with_compiled_random(profile: DeviceProfile, device, settings) -> DeviceProfile:
+def _with_compiled_random(profile: DeviceProfile, device, settings, spreads: dict) -> DeviceProfile:
     """The rate of random numbers drawn in a compiled region (calibration/compiled_random.py),
     where torch.compile works here; what was timed, or why not, in `measured.compiled_random`.
     Under `quick` too (one compilation, a few seconds): the eager rate it replaces can be far
-    off a compiled kernel's, which runs on every thread."""
+    off a compiled kernel's, which runs on every thread. Its spread joins `spreads`: a
+    compiled kernel's threads wait on each other, so a busy machine stretches it most."""
     from trainwise.calibration.compiled_random import measure_compiled_random
 
     found = measure_compiled_random(device, settings)
     rate = found.pop("rate")
+    if rate is not None:
+        spreads["random in a compiled region"] = found["spread"]
     profile.measured["compiled_random"] = {**found, **({"rate": rate.to_json()} if rate else {})}
     return dataclasses.replace(profile, compiled_random=rate)
 
