@@ -8,8 +8,9 @@ at its head dim's where the profile measured head dims: hardware/profile.py), ev
 other op on the bytes it reads and writes at the memory rate (element-wise transcendental
 functions at the profile's `transcendental` rate where it has one, random numbers at its
 `random` rate, inside a compiled region at its `compiled_random` rate where it has one;
-each of the three the rate of the row's dtype where calibrate measured one, else fp32's: a CPU core spends about as long per element on bf16 as on fp32; the optimizer
-phase's ops at its `optimizer` rate: a real AdamW step timed on the device), times the profile's
+each of the three the rate of the row's dtype where calibrate measured one, else fp32's: a
+CPU core spends about as long per element on bf16 as on fp32; the optimizer phase's ops at
+its `optimizer` rate: a real AdamW step timed on the device), times the profile's
 `step_compute_factor` (1.0 unless a profile sets it) and a factor for how much slower a
 training step runs each kind of work than the same kernels timed alone, which calibrate
 measures on the CPU: `step_contraction_factor` for matmuls and attention (operands fresh
