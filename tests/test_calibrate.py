@@ -123,6 +123,42 @@ def test_dropouts_random_numbers_are_measured_and_cost_a_cpu_more_per_byte_than_
     assert profile.random.per_s < profile.memory.per_s / 4
 
 
+def test_a_quick_cpu_profile_times_a_compiled_dropout_on_the_bytes_the_trace_charges_its_random_ops(cached_profile):
+    """The compiled rate is fitted on what trainwise/trace/fusion.py charges a compiled
+    region's random op (on the CPU dropout's bernoulli_ mask, read and written in fp32), so
+    the time model charges the timed seconds back; its fixed cost is the region call's."""
+    from trainwise.calibration.compiled_random import random_bytes
+    from trainwise.calibration.memory import element_counts
+    from trainwise.calibration.timing import QUICK
+
+    profile = read_profile(cached_profile)
+    assert profile.compiled_random is not None and _finite_positive(profile.compiled_random.per_s)
+    assert profile.compiled_random.fixed_s == 0.0
+    assert "random in a compiled region" in profile.measured["spread"]
+    cpu = torch.device("cpu")
+    counts = element_counts(cpu, QUICK)
+    assert [x for x, _ in profile.measured["compiled_random"]["points"]] == [2 * 4 * n for n in counts]
+    assert [random_bytes(n, cpu) for n in counts] == [2 * 4 * n for n in counts]
+
+
+def test_where_torch_compile_fails_the_profile_prices_compiled_dropout_at_the_eager_rate(monkeypatch):
+    from trainwise.api import calibrate
+    from trainwise.calibration.timing import QUICK
+    from trainwise.hardware.profile import DeviceProfile, Rate
+
+    def no_compiler(function, **options):
+        raise RuntimeError("InductorError: CppCompileError: no C++ compiler found\nmore")
+    monkeypatch.setattr(torch, "compile", no_compiler)
+    profile = DeviceProfile("cpu", "cpu", "test", {"fp32": Rate(1e10)}, {}, Rate(1e10), 5e-6, random=Rate(2e9))
+    spreads = {}
+    found = calibrate._with_compiled_random(profile, torch.device("cpu"), QUICK, spreads)
+    assert spreads == {}
+    assert found.compiled_random is None and found.compiled_random_rate("fp32") == Rate(2e9)
+    assert found.measured["compiled_random"]["why"] == (
+        "torch.compile failed on this machine (RuntimeError: InductorError: CppCompileError: no C++ compiler "
+        "found): nothing measured")
+
+
 def test_the_element_wise_rates_are_measured_in_bf16_too_where_the_cpu_runs_it(cached_profile):
     """A CPU core spends about as long per element on bf16 as on fp32: its byte rates are
     fp32's over the per-byte slowdown of like ops at like sizes, timed side by side."""

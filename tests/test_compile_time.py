@@ -76,6 +76,25 @@ def test_the_eager_estimate_is_priced_as_before_and_compile_is_faster():
     assert any("fused kernels" in note for note in compiled.notes)
 
 
+@pytest.mark.parametrize("name", ["tiny-t5", "tiny-bert"])
+def test_a_compiled_regions_dropout_is_priced_at_the_profiles_compiled_random_rate(name):
+    """Inductor draws a compiled dropout's numbers with a generator of its own on every
+    thread (trainwise/calibration/compiled_random.py): its measured rate, not eager
+    bernoulli_'s, prices the compiled regions' random rows; eager plans are untouched."""
+    eager_rate = dataclasses.replace(PROFILE, random=Rate(1e8, 0.0), step_non_matmul_factor=3.0)
+    own = dataclasses.replace(eager_rate, compiled_random=Rate(2.5e7, 0.0))
+    plan, shared = Plan(device="cpu", batch_size=2, seq_len=32), SharedTraces()
+    compiled = [estimate(name, plan.replace(compile=True), profile=p, shared=shared).time for p in (eager_rate, own)]
+    eager = [estimate(name, plan, profile=p, shared=shared).time for p in (eager_rate, own)]
+    costs = _trace(resolve_model(name), plan.replace(compile=True), CPU)[0].op_costs
+    drawn = sum(costs.compiled_total(column, op_class="random", micro_step=0) for column in (2, 3))
+    assert drawn > 0, "the model's dropouts run inside the compiled regions"
+    # No step factor on either: the generator's arithmetic sets the pace, as for eager rows.
+    assert compiled[1].step_s - compiled[0].step_s == pytest.approx(drawn / 2.5e7 - drawn / 1e8, rel=1e-6)
+    assert compiled[1].breakdown["host_overhead"] == pytest.approx(compiled[0].breakdown["host_overhead"])
+    assert eager[1].step_s == eager[0].step_s and eager[1].breakdown == eager[0].breakdown
+
+
 def test_a_fused_chain_reads_what_enters_it_and_writes_what_leaves_it():
     rows, keys = {}, {}
     grouper = FusionGrouper(rows, lambda t: keys.setdefault(id(t.untyped_storage()), len(keys)))

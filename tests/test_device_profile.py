@@ -176,3 +176,19 @@ def test_element_wise_rates_by_dtype_round_trip_and_an_older_file_prices_every_d
     # A GPU's element-wise kernels move bytes at one DRAM bandwidth whatever the dtype.
     h100 = catalog_profile(resolve_device("H100"))
     assert h100.byte_rates_by_dtype == {} and h100.byte_rate("memory", "bf16") == h100.memory
+
+
+def test_a_compiled_random_rate_round_trips_and_an_older_file_prices_compiled_dropout_at_the_eager_rate(tmp_path):
+    profile = DeviceProfile("cpu", "cpu", "test", {"fp32": Rate(1e10)}, {}, Rate(1e9), 1e-5, random=Rate(2e9),
+                            byte_rates_by_dtype={"random": {"bf16": Rate(1e9)}}, compiled_random=Rate(1.5e9))
+    again = read_profile(write_profile(profile, tmp_path / "new.json"))
+    assert again.compiled_random == Rate(1.5e9)
+    assert again.compiled_random_rate("fp32") == Rate(1.5e9)
+    # bf16's per-byte slowdown of eager random numbers (half the bytes per element) carries over.
+    assert again.compiled_random_rate("bf16") == Rate(0.75e9)
+    older = json.loads((tmp_path / "new.json").read_text())
+    del older["compiled_random"]
+    (tmp_path / "old.json").write_text(json.dumps(older))
+    old = read_profile(tmp_path / "old.json")
+    assert old.compiled_random is None
+    assert old.compiled_random_rate("fp32") == Rate(2e9) and old.compiled_random_rate("bf16") == Rate(1e9)

@@ -6,7 +6,8 @@ What is measured (trainwise/calibration/), each fitted to a Rate
 transcendental element-wise ops, drawing random numbers (dropout's mask), these three in
 fp32 and in each other element-wise dtype the device runs (bf16; fp16 on a GPU), the eager
 per-op host cost, the AdamW step, the host time per kernel and per region call under
-torch.compile (not under `quick`: it compiles), on a GPU the fp8 matmul (compute
+torch.compile (not under `quick`: it compiles), a compiled dropout's random numbers (one
+compilation, under `quick` too), on a GPU the fp8 matmul (compute
 capability 8.9+), copies between pinned host memory and the device both ways, and the
 device memory held outside the caching allocator (the CUDA context), and under `nproc` > 1
 the four collectives between local processes; on the CPU, last, the reference training
@@ -114,6 +115,7 @@ def calibrate(device: str = "cpu", out: str | Path | None = None, nproc: int = 1
     # The context before the compiled chains: an eager step loads no Triton kernels.
     profile = _with_context(profile, torch_device)
     profile = _with_compiled_host(profile, torch_device, settings)
+    profile = _with_compiled_random(profile, torch_device, settings, spreads)
     _time_steadiness(profile, torch_device, settings)  # last: it times again what was fitted first
     seconds = round(time.perf_counter() - started, 1)
     measured.update(_provenance(target, nproc, quick, settings, seconds, load_start, spreads))
@@ -201,6 +203,22 @@ def _with_compiled_host(profile: DeviceProfile, device, settings) -> DeviceProfi
     profile.measured["compiled_host"] = found
     return dataclasses.replace(profile, host_s_per_compiled_kernel=found["kernel_s"],
                                host_s_per_compiled_region=found["region_s"])
+
+
+def _with_compiled_random(profile: DeviceProfile, device, settings, spreads: dict) -> DeviceProfile:
+    """The rate of random numbers drawn in a compiled region (calibration/compiled_random.py),
+    where torch.compile works here; what was timed, or why not, in `measured.compiled_random`.
+    Under `quick` too (one compilation, a few seconds): the eager rate it replaces can be far
+    off a compiled kernel's, which runs on every thread. Its spread joins `spreads`: a
+    compiled kernel's threads wait on each other, so a busy machine stretches it most."""
+    from trainwise.calibration.compiled_random import measure_compiled_random
+
+    found = measure_compiled_random(device, settings)
+    rate = found.pop("rate")
+    if rate is not None:
+        spreads["random in a compiled region"] = found["spread"]
+    profile.measured["compiled_random"] = {**found, **({"rate": rate.to_json()} if rate else {})}
+    return dataclasses.replace(profile, compiled_random=rate)
 
 
 def _time_steadiness(profile: DeviceProfile, device, settings) -> None:

@@ -24,7 +24,7 @@ HOST_OP_CALLS = 200  # tiny ops per sample of the per-op cost
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _element_counts(device: torch.device, settings: Settings) -> list[int]:
+def element_counts(device: torch.device, settings: Settings) -> list[int]:
     if device.type == "cuda":
         return [2**p for p in range(16, 29, 2)]
     return [2**p for p in (range(12, 19, 3) if settings.quick else range(14, 25, 2))]
@@ -48,7 +48,7 @@ def measure_bytes(kind: str, device: torch.device, settings: Settings) -> Fit:
     """The Rate (bytes read + written, as the trace counts them) of the fp32 ops of `kind`
     (BYTE_OPS: "memory", "transcendental" or "random") over sizes."""
     sync, cases = synchronizer(device), []
-    for n in _element_counts(device, settings):
+    for n in element_counts(device, settings):
         for per_element, op in BYTE_OPS[kind]:
             if n >= 1024 or per_element != 5:  # the log-softmax's rows are 1024 long
                 cases.append((per_element * n * FP32_BYTES, _binary(n, device, "fp32", op)))
@@ -68,7 +68,7 @@ def measure_bytes_relative(kind: str, dtype: str, device: torch.device, settings
     long per element on either) and about at par beyond."""
     sync, pairs = synchronizer(device), []
     scale = FP32_BYTES / DTYPES[dtype].itemsize
-    for n in _element_counts(device, settings)[::2]:
+    for n in element_counts(device, settings)[::2]:
         for per_element, op in BYTE_OPS[kind]:
             if n < 1024 and per_element == 5:
                 continue
@@ -133,9 +133,9 @@ def measure_optimizer(device: torch.device, settings: Settings) -> Fit:
     return dataclasses.replace(found, rate=Rate(found.rate.per_s, found.rate.fixed_s / max(kernels, 1)))
 
 
-def traced_work(work) -> tuple[int, int]:
+def traced_work(work, op_class: str | None = None) -> tuple[int, int]:
     """(bytes read + written, kernels: ops other than views) of the ops `work()`
-    dispatches, as the trace counts them."""
+    dispatches, as the trace counts them; only those of `op_class` where one is named."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from trainwise.trace.op_costs import OpCostRecorder
@@ -152,6 +152,8 @@ def traced_work(work) -> tuple[int, int]:
     with torch.no_grad(), Counting():
         work()
     costs = recorder.costs
+    if op_class is not None:
+        return costs.total(2, op_class=op_class) + costs.total(3, op_class=op_class), costs.total(0, op_class=op_class)
     return costs.total(2) + costs.total(3), costs.total(0) - costs.total(0, op_class="metadata")
 
 

@@ -43,6 +43,9 @@ def rate_rows(profile) -> list[tuple[str, str, str]]:
         rows.append(("host per kernel a compiled region launches", "-", _micro(profile.host_s_per_compiled_kernel)))
     if profile.host_s_per_compiled_region is not None:
         rows.append(("host per call into a compiled region", "-", _micro(profile.host_s_per_compiled_region)))
+    if profile.compiled_random is not None:
+        rows.append(("random numbers in a compiled region, fp32 (bytes read + written)",
+                     _gbs(profile.compiled_random.per_s), _micro(profile.compiled_random.fixed_s)))
     if profile.context_bytes is not None:
         rows.append(("CUDA context and loaded kernels (device memory outside the allocator)",
                      f"{profile.context_bytes / 2**20:.0f} MiB", "-"))
@@ -101,6 +104,9 @@ def render_calibration(result) -> None:
     why = measured.get("compiled_host", {}).get("why")
     if why:
         console.print(f"torch.compile host costs: {why}")
+    why = measured.get("compiled_random", {}).get("why")
+    if why:
+        console.print(f"random numbers in a compiled region: {why}")
     moved = measured.get("steadiness", {}).get("ratio")
     if moved is not None:
         console.print(f"steadiness (measured): the reference training steps took {moved:.2f} x as long at the end "

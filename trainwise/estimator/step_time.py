@@ -7,9 +7,10 @@ meets one rate of the device profile (trainwise/hardware/profile.py), an op of s
 at its head dim's where the profile measured head dims: hardware/profile.py), every
 other op on the bytes it reads and writes at the memory rate (element-wise transcendental
 functions at the profile's `transcendental` rate where it has one, random numbers at its
-`random` rate; each of the three the rate of the row's dtype where calibrate measured one,
-else fp32's: a CPU core spends about as long per element on bf16 as on fp32; the optimizer
-phase's ops at its `optimizer` rate: a real AdamW step timed on the device), times the profile's
+`random` rate, inside a compiled region at its `compiled_random` rate where it has one;
+each of the three the rate of the row's dtype where calibrate measured one, else fp32's: a
+CPU core spends about as long per element on bf16 as on fp32; the optimizer phase's ops at
+its `optimizer` rate: a real AdamW step timed on the device), times the profile's
 `step_compute_factor` (1.0 unless a profile sets it) and a factor for how much slower a
 training step runs each kind of work than the same kernels timed alone, which calibrate
 measures on the CPU: `step_contraction_factor` for matmuls and attention (operands fresh
@@ -170,10 +171,11 @@ def micro_batch_phase_seconds(costs: OpCosts, plan: Plan, profile: DeviceProfile
     """Device seconds of the first micro-batch's forward and backward (recomputation in
     backward), as step_breakdown prices them."""
     seconds = {"forward": 0.0, "backward": 0.0}
-    for key, values, _compiled in _all_rows(costs):
+    for key, values, compiled in _all_rows(costs):
         phase, micro, op_class = key[0], key[1], key[2]
         if micro == 0 and phase in seconds:
-            seconds[phase] += _device_seconds(key, values, plan, profile)[1] * _step_factor(phase, op_class, profile)
+            seconds[phase] += _device_seconds(key, values, plan, profile, compiled)[1] * _step_factor(phase, op_class,
+                                                                                                     profile)
     return seconds
 
 
@@ -191,7 +193,7 @@ def step_breakdown(costs: OpCosts, weights: dict[int, int], plan: Plan, profile:
     for key, values, compiled in _all_rows(costs):
         phase, micro, op_class, _dtype, recomputed, _head_dim = key
         times = weights[micro] if phase in ("data", "forward", "backward") else 1
-        category, seconds = _device_seconds(key, values, plan, profile)
+        category, seconds = _device_seconds(key, values, plan, profile, compiled)
         if phase != "data":  # a training step's kernels vs one kernel timed alone
             seconds *= _step_factor(phase, op_class, profile)
         breakdown[category] += seconds * times
@@ -237,10 +239,10 @@ def _step_factor(phase: str, op_class: str, profile: DeviceProfile) -> float:
         return profile.step_compute_factor * profile.step_contraction_factor
     if phase in OPTIMIZER_PHASES and profile.optimizer is not None:
         return profile.step_compute_factor  # its rate was measured on a real optimizer step
-    if op_class == "random" and profile.random is not None:
+    if op_class == "random" and (profile.random is not None or profile.compiled_random is not None):
         # The generator's arithmetic, not cold operands or fresh buffers, sets its pace (40x
         # an add's per element): the element-wise factor, fitted on a step without dropout,
-        # is not its slowdown.
+        # is not its slowdown. The same holds inside a compiled kernel (its own rate, below).
         return profile.step_compute_factor
     return profile.step_compute_factor * profile.step_non_matmul_factor
 
@@ -253,8 +255,10 @@ def _host_s_per_op(recomputed: bool, plan: Plan, profile: DeviceProfile) -> floa
     return profile.host_s_per_op
 
 
-def _device_seconds(key: tuple, values: list[int], plan: Plan, profile: DeviceProfile) -> tuple[str, float]:
-    """(category, device seconds) of one row of the op table."""
+def _device_seconds(key: tuple, values: list[int], plan: Plan, profile: DeviceProfile,
+                    compiled: bool = False) -> tuple[str, float]:
+    """(category, device seconds) of one row of the op table (`compiled`: a compiled
+    region's row)."""
     phase, _micro, op_class, dtype, recomputed, head_dim = key
     ops, flops, read, written = values
     if phase == "data":
@@ -263,7 +267,11 @@ def _device_seconds(key: tuple, values: list[int], plan: Plan, profile: DevicePr
         link = profile.host_to_device
         return "data", _seconds(link, ops, written) if profile.kind == "cuda" and link else 0.0
     kind = _byte_kind(key, values, profile)
-    if kind is not None:  # the row's own dtype's rate: bf16 moves fewer bytes a second on a CPU core
+    if kind == "random" and compiled:
+        # Inductor draws a compiled region's random numbers in the fused kernel with a
+        # generator of its own, on every thread: not eager bernoulli_'s pace (one thread).
+        seconds = _seconds(profile.compiled_random_rate(dtype), ops, read + written)
+    elif kind is not None:  # the row's own dtype's rate: bf16 moves fewer bytes a second on a CPU core
         seconds = _seconds(profile.byte_rate(kind, dtype), ops, read + written)
     elif op_class in CONTRACTIONS and flops > 0:
         compute = _compute_dtype(dtype, plan)

@@ -151,6 +151,13 @@ class DeviceProfile:
     # long per element on bf16 as on fp32, so it moves fewer bytes a second. Read by
     # `byte_rate`. Empty (catalog, older files): the fp32 fields above for every dtype.
     byte_rates_by_dtype: dict[str, dict[str, Rate]] = field(default_factory=dict)
+    # Bytes read + written by the random ops of a compiled region (dropout's mask, as the
+    # trace charges them: trainwise/trace/fusion.py), fp32, measured by calibrate on a
+    # compiled dropout (trainwise/calibration/compiled_random.py): inductor draws the numbers
+    # with a generator of its own, on every thread, where eager CPU `bernoulli_` uses one.
+    # None (catalog, older files, a machine where torch.compile fails): the eager `random`
+    # rate prices them. Read by `compiled_random_rate`.
+    compiled_random: Rate | None = None
 
     @property
     def compiled_kernel_host_s(self) -> float:
@@ -194,6 +201,17 @@ class DeviceProfile:
             raise ValueError(f"kind {kind!r}: one of {BYTE_KINDS}")
         return self.byte_rates_by_dtype.get(kind, {}).get(dtype) or getattr(self, kind) or self.memory
 
+    def compiled_random_rate(self, dtype: str) -> Rate:
+        """The rate of a compiled region's random ops on bytes of `dtype`: `compiled_random`
+        over the per-byte slowdown calibrate measured for eager random numbers in `dtype`
+        (the generator's work is per element, whatever the element's size); without a
+        compiled rate, the eager one (`byte_rate`)."""
+        eager = self.byte_rate("random", dtype)
+        if self.compiled_random is None:
+            return eager
+        fp32 = self.byte_rate("random", "fp32")
+        return Rate(self.compiled_random.per_s * eager.per_s / fp32.per_s, self.compiled_random.fixed_s)
+
     def to_json(self) -> dict:
         return {"version": PROFILE_VERSION, "device_name": self.device_name, "kind": self.kind,
                 "matmul": {k: r.to_json() for k, r in self.matmul.items()},
@@ -217,7 +235,8 @@ class DeviceProfile:
                 "device_to_host": self.device_to_host.to_json() if self.device_to_host else None,
                 "context_bytes": self.context_bytes,
                 "byte_rates_by_dtype": {kind: {dtype: rate.to_json() for dtype, rate in rates.items()}
-                                        for kind, rates in self.byte_rates_by_dtype.items()}}
+                                        for kind, rates in self.byte_rates_by_dtype.items()},
+                "compiled_random": self.compiled_random.to_json() if self.compiled_random else None}
 
     @classmethod
     def from_json(cls, data: dict, source: str) -> "DeviceProfile":
@@ -225,7 +244,7 @@ class DeviceProfile:
         recomputed, random = data.get("host_s_per_recomputed_op"), data.get("random")
         kernel, region = data.get("host_s_per_compiled_kernel"), data.get("host_s_per_compiled_region")
         back, context = data.get("device_to_host"), data.get("context_bytes")
-        selective = data.get("host_s_per_selective_recomputed_op")
+        selective, compiled_random = data.get("host_s_per_selective_recomputed_op"), data.get("compiled_random")
         return cls(device_name=str(data["device_name"]), kind=str(data["kind"]), source=source,
                    matmul={k: Rate.from_json(v) for k, v in data["matmul"].items()},
                    attention={k: Rate.from_json(v) for k, v in data.get("attention", {}).items()},
@@ -249,7 +268,8 @@ class DeviceProfile:
                    device_to_host=Rate.from_json(back) if back else None,
                    context_bytes=int(context) if context is not None else None,
                    byte_rates_by_dtype={kind: {dtype: Rate.from_json(rate) for dtype, rate in rates.items()}
-                                        for kind, rates in data.get("byte_rates_by_dtype", {}).items()})
+                                        for kind, rates in data.get("byte_rates_by_dtype", {}).items()},
+                   compiled_random=Rate.from_json(compiled_random) if compiled_random else None)
 
 
 def with_measured_context(device: Device, profile: DeviceProfile | None) -> Device:
