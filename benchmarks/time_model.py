@@ -104,7 +104,13 @@ SMALL_QWEN2 = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vo
 # kinds the CPU profile missed) began, and not looked at while fixing: an OPT decoder
 # (learned positions with an offset, ReLU MLP, dropout), a Falcon decoder (parallel
 # attention and MLP, one key-value head, rotary) and the catalog's T5 (encoder-decoder,
-# relative position buckets). Their rows are scored apart.
+# relative position buckets). Their rows are scored apart. T5, Falcon and Qwen2 are no
+# longer clean: a study of the compiled rows read their errors, and T5's compiled rows led
+# to two fixes (the engine compiled one decoder block's sublayers instead of T5's blocks;
+# a compiled region's random numbers got a measured rate of their own). They move to "seen
+# during the fix", and a GPT-NeoX decoder (parallel residual, rotary on a quarter of each
+# head, LayerNorm, GELU, untied head), named when that fix began and never run before it
+# was final, joins OPT as the families not looked at.
 SMALL_OPT = {"architectures": ["OPTForCausalLM"], "model_type": "opt", "vocab_size": 2560, "hidden_size": 160,
              "ffn_dim": 640, "num_hidden_layers": 3, "num_attention_heads": 5, "max_position_embeddings": 2048,
              "word_embed_proj_dim": 160, "do_layer_norm_before": True, "dropout": 0.1, "attention_dropout": 0.0,
@@ -115,16 +121,23 @@ SMALL_FALCON = {"architectures": ["FalconForCausalLM"], "model_type": "falcon", 
                 "new_decoder_architecture": False, "parallel_attn": True, "bias": False, "alibi": False,
                 "hidden_dropout": 0.0, "attention_dropout": 0.0, "layer_norm_epsilon": 1e-05,
                 "max_position_embeddings": 2048, "rope_theta": 10000.0, "tie_word_embeddings": True}
-UNSEEN_FAMILIES = ("small-opt", "small-falcon", "tiny-t5")
+SMALL_NEOX = {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "vocab_size": 3072,
+              "hidden_size": 192, "intermediate_size": 768, "num_hidden_layers": 3, "num_attention_heads": 6,
+              "hidden_act": "gelu", "rotary_pct": 0.25, "rotary_emb_base": 10000, "max_position_embeddings": 2048,
+              "use_parallel_residual": True, "layer_norm_eps": 1e-05, "tie_word_embeddings": False,
+              "attention_dropout": 0.0, "hidden_dropout": 0.0, "bos_token_id": 0, "eos_token_id": 0}
+UNSEEN_FAMILIES = ("small-opt", "small-neox")
+SEEN_IN_THE_COMPILE_STUDY = ("small-qwen2", "small-falcon", "tiny-t5")
 CONFIG_MODELS = {"small-llama": SMALL_LLAMA, "small-gpt2": SMALL_GPT2, "small-qwen2": SMALL_QWEN2,
-                 "small-opt": SMALL_OPT, "small-falcon": SMALL_FALCON}
+                 "small-opt": SMALL_OPT, "small-falcon": SMALL_FALCON, "small-neox": SMALL_NEOX}
 # Rows added to each model and length besides the quick ladder's: the vanilla plan compiled.
 COMPILED_ROWS = (("vanilla compiled", {"compile": True}),
                  ("vanilla compiled whole model", {"compile": True, "compile_scope": "model"}))
 # The split each model's rows are scored in.
 UNSEEN_SPLIT = "held out, family not looked at in issue 26's fix"
 SPLITS = {CALIBRATION_MODEL: "calibration", "small-llama": "held out, seen during the fix",
-          "small-gpt2": "held out, seen during the fix", "small-qwen2": "held out, never seen while fixing",
+          "small-gpt2": "held out, seen during the fix",
+          **{model: "held out, seen during the fix" for model in SEEN_IN_THE_COMPILE_STUDY},
           **{family: UNSEEN_SPLIT for family in UNSEEN_FAMILIES}}
 
 
@@ -158,8 +171,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="a run times more steps than --steps gives where the plan's predicted step time "
                              "leaves these seconds unfilled (at most %d timed steps); 0: --steps alone" % MAX_TIMED_STEPS)
     parser.add_argument("--seq-lens", default="64,256")
-    parser.add_argument("--models", default=",".join((CALIBRATION_MODEL, "small-llama", "small-gpt2", "small-qwen2",
-                                                      *UNSEEN_FAMILIES)))
+    parser.add_argument("--models", default=",".join((CALIBRATION_MODEL, "small-llama", "small-gpt2",
+                                                      *SEEN_IN_THE_COMPILE_STUDY, *UNSEEN_FAMILIES)))
     parser.add_argument("--cases", default=",".join(CASES),
                         help=f"which of {', '.join(CASES)} to run, in that order (see the docstring)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N plans (a smoke run)")

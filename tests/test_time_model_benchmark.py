@@ -56,7 +56,10 @@ def test_each_held_out_group_is_scored_on_its_own_rows_and_every_model_has_a_spl
     assert summary["groups"]["held out, never seen while fixing"]["mape_pct"] == pytest.approx(50.0)
     assert summary["held_out"]["n"] == 6 and "calibration" not in summary["groups"]
     assert set(time_model.SPLITS) == {time_model.CALIBRATION_MODEL, *time_model.CONFIG_MODELS,
-                                      *time_model.UNSEEN_FAMILIES}
+                                      *time_model.SEEN_IN_THE_COMPILE_STUDY, *time_model.UNSEEN_FAMILIES}
+    # Once read while fixing, a family is never again scored as not looked at.
+    assert not set(time_model.SEEN_IN_THE_COMPILE_STUDY) & set(time_model.UNSEEN_FAMILIES)
+    assert {time_model.SPLITS[m] for m in time_model.SEEN_IN_THE_COMPILE_STUDY} == {"held out, seen during the fix"}
 
 
 def test_the_default_path_is_the_first_case_and_the_pinned_one_second():
