@@ -28,7 +28,7 @@ def seconds_or_nothing(result):
 
 def run(case: str) -> None:
     from trainwise.hardware import resolve_device
-    from trainwise.hardware.profile import catalog_profile
+    from trainwise.hardware.catalog_profile import catalog_profile
     from trainwise.models import resolve_model
     from trainwise.plan.plan import Plan
     from trainwise.search.layout_enumeration import LayoutSpace

@@ -10,12 +10,10 @@ import pytest
 from trainwise.common.errors import InputError
 from trainwise.hardware import resolve_device
 from trainwise.hardware.catalog import catalog
+from trainwise.hardware.catalog_profile import MATMUL_EFFICIENCY, PCIE_EFFICIENCY, catalog_profile
 from trainwise.hardware.profile import (
-    MATMUL_EFFICIENCY,
-    PCIE_EFFICIENCY,
     DeviceProfile,
     Rate,
-    catalog_profile,
     default_profile_path,
     profile_for,
     read_profile,

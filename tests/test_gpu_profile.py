@@ -20,8 +20,8 @@ from trainwise.estimator.activation_offload_time import OffloadTraffic, activati
 from trainwise.estimator.step_time import matmul_rate_notes, step_breakdown
 from trainwise.hardware.device import cpu_device
 from trainwise.hardware.gpu import FLOAT8_CAPABILITY
-from trainwise.hardware.profile import (CORRECTIONS_OVER_CATALOG, DeviceProfile, Rate, catalog_profile, read_profile,
-                                        write_profile)
+from trainwise.hardware.catalog_profile import catalog_profile
+from trainwise.hardware.profile import CORRECTIONS_OVER_CATALOG, DeviceProfile, Rate, read_profile, write_profile
 from trainwise.hardware.resolve import resolve_device
 from trainwise.plan.plan import Plan
 from trainwise.trace.op_table import OpCosts

@@ -6,7 +6,7 @@ import pytest
 from trainwise.api import estimate
 from trainwise.estimator.rank_work import communicated_bytes
 from trainwise.hardware import resolve_device
-from trainwise.hardware.profile import catalog_profile
+from trainwise.hardware.catalog_profile import catalog_profile
 from trainwise.estimator.collective_time import Topology
 from trainwise.models import resolve_model
 from trainwise.plan.layout import resolve_layout

@@ -151,7 +151,8 @@ def test_the_benchmark_calibrates_again_while_the_machines_speed_moved_and_the_p
     import render_time_model
 
     from trainwise.hardware import resolve_device
-    from trainwise.hardware.profile import catalog_profile, read_profile
+    from trainwise.hardware.catalog_profile import catalog_profile
+    from trainwise.hardware.profile import read_profile
 
     calls = []
 

@@ -16,7 +16,8 @@ from trainwise.cli.verify_args import add_verify_arguments, run_verify_from_args
 from trainwise.common.errors import InputError
 from trainwise.hardware.catalog import find_gpu
 from trainwise.hardware.device import catalog_device, cpu_device
-from trainwise.hardware.profile import DeviceProfile, Rate, catalog_profile, profile_for, read_profile, write_profile
+from trainwise.hardware.catalog_profile import catalog_profile
+from trainwise.hardware.profile import DeviceProfile, Rate, profile_for, read_profile, write_profile
 from trainwise.plan import Plan
 from trainwise.search import verify
 from trainwise.search.candidate import Candidate

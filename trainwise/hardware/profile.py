@@ -8,8 +8,9 @@ attention rates are per dtype; so are the element-wise ones (`byte_rate`) where 
 measured them: a CPU core takes about as long per element in bf16 as in fp32.
 
 A profile comes from one of two places, and says which in `source`:
-* "catalog": a catalog GPU's vendor figures times the efficiency factors below (what
-  well-tuned kernels reach on large shapes; documented in docs/plan.md);
+* "catalog": a catalog GPU's vendor figures times assumed efficiency factors (what
+  well-tuned kernels reach on large shapes: trainwise/hardware/catalog_profile.py;
+  documented in docs/plan.md);
 * a file written by `trainwise calibrate`, measured on the device itself (the CPU
   included: there is no catalog figure for a CPU, so its time is only predicted after a
   calibration).
@@ -41,24 +42,6 @@ BYTE_KINDS = ("memory", "transcendental", "random")
 # --verify` measured (trainwise/search/corrections.py): its rates were not measured.
 CORRECTIONS_OVER_CATALOG = "corrections over catalog"
 
-# Fractions of the vendor peak that tuned kernels reach on large shapes. These are
-# ASSUMPTIONS, not measurements of this project: round figures in line with what public
-# kernel reports show (cuBLAS GEMMs near 70 % of dense peak on A100/H100 at transformer
-# sizes; flash-attention 2/3 50-75 % forward and less backward, one factor for both;
-# element-wise kernels near 80 % of DRAM bandwidth; NCCL bus bandwidth near 75 % of NVLink's
-# figure; PCIe near 80 %). docs/plan.md ("Device profiles") lists them as assumptions and the
-# estimate says so next to every catalog-based time (CATALOG_RATES); they were checked
-# against published runs in docs/results/time-model-published.md, not fitted to them.
-MATMUL_EFFICIENCY = 0.70
-ATTENTION_EFFICIENCY = 0.50
-BANDWIDTH_EFFICIENCY = 0.80
-NVLINK_EFFICIENCY = 0.75
-PCIE_EFFICIENCY = 0.80
-# Per-op fixed costs on a GPU: a kernel's launch-to-finish floor, and the host time eager
-# PyTorch spends dispatching one op (the GPU idles when the host is slower than it).
-KERNEL_FIXED_S = 4e-6
-EAGER_HOST_S_PER_OP = 12e-6
-COLLECTIVE_LATENCY_S = 20e-6
 # Host seconds under torch.compile (trainwise/trace/fusion.py), by device kind: one kernel
 # launched by inductor's generated wrapper, and one call into a compiled region (guards,
 # AOTAutograd's runtime wrapper, its autograd node), forward and backward each. Used where
@@ -70,10 +53,6 @@ COLLECTIVE_LATENCY_S = 20e-6
 # at a Python wrapper's Triton launch.
 COMPILED_KERNEL_HOST_S = {"cpu": 4e-6, "cuda": 5e-6}
 COMPILED_REGION_HOST_S = {"cpu": 70e-6, "cuda": 40e-6}
-# PCIe between host and GPU, one direction of an x16 link, by generation (the catalog's
-# `pcie_gen`, from each board's datasheet), in GB/s, decimal: half the both-directions
-# figure vendors print (Gen3 32, Gen4 64, Gen5 128 GB/s).
-PCIE_GB_S = {3: 16.0, 4: 32.0, 5: 64.0}
 GB_S = 1e9
 
 
@@ -280,29 +259,6 @@ def with_measured_context(device: Device, profile: DeviceProfile | None) -> Devi
     return dataclasses.replace(device, measured_context_bytes=profile.context_bytes)
 
 
-def catalog_profile(device: Device) -> DeviceProfile | None:
-    """Vendor figures times the efficiency factors above; None for a device without
-    catalog figures (the CPU, generic CUDA)."""
-    gpu = device.gpu
-    if gpu is None or not gpu.memory_bandwidth:
-        return None
-    rates = {k: v for k, v in gpu.peak_flops.as_dict().items() if v and k != "int8"}
-    matmul = {k: Rate(v * MATMUL_EFFICIENCY, KERNEL_FIXED_S) for k, v in rates.items()}
-    attention = {k: Rate(v * ATTENTION_EFFICIENCY, KERNEL_FIXED_S) for k, v in rates.items() if k != "fp8"}
-    collectives = {}
-    if gpu.interconnect:
-        # The catalog's NVLink figure sums both directions; a ring's bus bandwidth is one.
-        link = Rate(gpu.interconnect / 2 * NVLINK_EFFICIENCY, COLLECTIVE_LATENCY_S)
-        collectives = {name: link for name in COLLECTIVES}
-    pcie = PCIE_GB_S.get(gpu.pcie_gen)
-    # One DRAM bandwidth for element-wise work of every dtype (no byte_rates_by_dtype): a
-    # GPU's element-wise kernels are bound by the bytes they move, whatever their dtype.
-    return DeviceProfile(device_name=gpu.name, kind="cuda", source="catalog", matmul=matmul,
-                         attention=attention, memory=Rate(gpu.memory_bandwidth * BANDWIDTH_EFFICIENCY, KERNEL_FIXED_S),
-                         host_s_per_op=EAGER_HOST_S_PER_OP, collectives=collectives,
-                         host_to_device=Rate(pcie * GB_S * PCIE_EFFICIENCY, 10e-6) if pcie else None)
-
-
 def profile_key(device: Device) -> str:
     """The file name a device's calibrated profile is cached under."""
     name = "cpu" if device.kind == "cpu" else device.name
@@ -346,6 +302,7 @@ def profile_for(device: Device, path: str | Path | None = None) -> DeviceProfile
     cached for this device name; else the catalog's; else None (no time predicted). A CPU
     profile measured under other settings than this process's (thread count, clock, CPU
     model) is refused (trainwise/hardware/profile_settings.py)."""
+    from trainwise.hardware.catalog_profile import catalog_profile  # it builds a DeviceProfile: imports this file
     from trainwise.hardware.profile_settings import check_profile_settings
 
     if path is not None:
