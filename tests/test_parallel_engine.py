@@ -82,7 +82,10 @@ FOUR_RANKS = {
 # printed (`pytest -s`), not asserted; docs/parallel.md gives the figures.
 # Sequence parallel is printed too: its reduce-scatters complete lazily (functional
 # collectives), and its measured peak moved by 65 KB between two runs (-3.2 % and -0.5 %).
-PEAK_MEASURED_STEADILY = ("DDP, accumulation 2", "TP 2", "TP 2, vocabulary 4096", "TP 2 x DP 2", "TP 2, BERT",
+# So is TP 2 on BERT: its measured peak moved by up to 148 KB from run to run on one
+# machine and one commit (-5.8 %, -2.6 %, -1.3 % in three runs, 2026-11-29; its sequence-
+# parallel twin -0.0 % to -2.3 %), the prediction unchanged.
+PEAK_MEASURED_STEADILY = ("DDP, accumulation 2", "TP 2", "TP 2, vocabulary 4096", "TP 2 x DP 2",
                           "TP 2, GPT-2, odd vocabulary")
 LAYOUT_ONLY = ("zero", "cpu_offload", "fsdp", "tp", "sequence_parallel", "pp", "pp_schedule", "microbatches")
 
