@@ -53,6 +53,9 @@ def measure_compiled_random(device: torch.device, settings: Settings) -> dict:
             "points": [[x, t] for x, t in found.points], "spread": found.spread}
 
 
+TRACED_ELEMENTS = 1024  # the trace's count is per element: one small dropout gives it
+
+
 def random_bytes(elements: int, device: torch.device) -> int:
     """Bytes read + written by the random ops (trainwise/trace/op_costs.py: op class
     "random") of one fp32 dropout of `elements`, as the trace counts them."""
@@ -65,11 +68,13 @@ def random_bytes(elements: int, device: torch.device) -> int:
 def _timed(device: torch.device, settings: Settings):
     # Dynamic shapes: one compilation serves every size.
     compiled = torch.compile(_dropout, dynamic=True)
+    # Traced once, not at every size: the largest would run an eager dropout of 2^24 elements.
+    per_element = random_bytes(TRACED_ELEMENTS, device) / TRACED_ELEMENTS
 
     def case(n: int):
         def make():
             x = torch.rand(n, device=device)
             return lambda: compiled(x)
-        return random_bytes(n, device), make
+        return round(per_element * n), make
 
     return fit(measure_sizes([case(n) for n in element_counts(device, settings)], synchronizer(device), settings))

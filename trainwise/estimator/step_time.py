@@ -174,8 +174,8 @@ def micro_batch_phase_seconds(costs: OpCosts, plan: Plan, profile: DeviceProfile
     for key, values, compiled in _all_rows(costs):
         phase, micro, op_class = key[0], key[1], key[2]
         if micro == 0 and phase in seconds:
-            seconds[phase] += _device_seconds(key, values, plan, profile, compiled)[1] * _step_factor(phase, op_class,
-                                                                                                     profile)
+            seconds[phase] += (_device_seconds(key, values, plan, profile, compiled)[1]
+                               * _step_factor(phase, op_class, profile, compiled))
     return seconds
 
 
@@ -195,7 +195,7 @@ def step_breakdown(costs: OpCosts, weights: dict[int, int], plan: Plan, profile:
         times = weights[micro] if phase in ("data", "forward", "backward") else 1
         category, seconds = _device_seconds(key, values, plan, profile, compiled)
         if phase != "data":  # a training step's kernels vs one kernel timed alone
-            seconds *= _step_factor(phase, op_class, profile)
+            seconds *= _step_factor(phase, op_class, profile, compiled)
         breakdown[category] += seconds * times
         if phase == "data":
             continue  # the batch is ready before the step's ops are queued
@@ -233,13 +233,16 @@ def _compiled_host_s(op_class: str, profile: DeviceProfile) -> float:
     return profile.compiled_kernel_host_s
 
 
-def _step_factor(phase: str, op_class: str, profile: DeviceProfile) -> float:
-    """How much slower a training step runs an op of `op_class` than the profile's rate."""
+def _step_factor(phase: str, op_class: str, profile: DeviceProfile, compiled: bool = False) -> float:
+    """How much slower a training step runs an op of `op_class` than the profile's rate
+    (`compiled`: a compiled region's row)."""
     if op_class in CONTRACTIONS:
         return profile.step_compute_factor * profile.step_contraction_factor
     if phase in OPTIMIZER_PHASES and profile.optimizer is not None:
         return profile.step_compute_factor  # its rate was measured on a real optimizer step
-    if op_class == "random" and (profile.random is not None or profile.compiled_random is not None):
+    # A row priced at a measured random rate: the eager one, or in a compiled region the
+    # compiled one (which falls back to the eager one).
+    if op_class == "random" and (profile.random is not None or (compiled and profile.compiled_random is not None)):
         # The generator's arithmetic, not cold operands or fresh buffers, sets its pace (40x
         # an add's per element): the element-wise factor, fitted on a step without dropout,
         # is not its slowdown. The same holds inside a compiled kernel (its own rate, below).
