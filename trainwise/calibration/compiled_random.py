@@ -4,11 +4,12 @@ the compiled regions' "random" rows with it).
 
 Under torch.compile a dropout's mask is not the eager `bernoulli_` kernel: inductor draws
 each number in the fused kernel from a counter-based generator of its own, and runs that
-kernel on every thread the process has, where eager CPU `bernoulli_` runs on one. Per element
-the two differ either way: in one-off timings on the project's 2-core EPYC a compiled fp32
-dropout took about 7.7 ns per element at one thread against 4.8 for eager's, and about
-4.1 against 4.7 at two threads (eager's does not use the second core). So the eager
-`random` rate does not price a compiled dropout; this times one.
+kernel on every thread the process has, where eager CPU `bernoulli_` runs on one. The two
+rates differ with the thread count: calibrate on the project's 2-core EPYC measured the
+compiled one at 0.54 x the eager one on one thread and 1.05 x at two (the profiles of
+docs/results/time-model-cpu.md, 2026-11-29). So the eager `random` rate does not price a
+compiled dropout; this times one. Inside real blocks a compiled dropout costs more than
+this lone one (benchmarks/compiled_dropout.py); that gap is not modelled.
 
 The rate is on the bytes the trace charges a compiled region's random ops (trainwise/trace
 /fusion.py leaves them out of the fused groups and adds their eager work: on the CPU the
