@@ -141,6 +141,25 @@ def test_a_quick_cpu_profile_times_a_compiled_dropout_on_the_bytes_the_trace_cha
     assert [random_bytes(n, cpu) for n in counts] == [2 * 4 * n for n in counts]
 
 
+def test_the_compiled_dropout_is_timed_as_training_runs_it_writing_the_mask_backward_reads(monkeypatch):
+    """Timed without a gradient the generated kernel writes no mask, and a compiled step's
+    dropout (whose mask backward reads) cost ~2.7 x what that timing priced it at."""
+    from trainwise.calibration import compiled_random
+    from trainwise.calibration.timing import QUICK
+
+    timed = []
+
+    def first_two(cases, sync, settings):
+        for size, make in sorted(cases)[:2]:
+            out = make()()
+            timed.append(out)
+        raise RuntimeError("stop after the first two sizes")
+    monkeypatch.setattr(compiled_random, "measure_sizes", first_two)
+    found = compiled_random.measure_compiled_random(torch.device("cpu"), QUICK)
+    assert found["rate"] is None and "stop after the first two sizes" in found["why"]
+    assert len(timed) == 2 and all(out.requires_grad and out.grad_fn is not None for out in timed)
+
+
 def test_where_torch_compile_fails_the_profile_prices_compiled_dropout_at_the_eager_rate(monkeypatch):
     from trainwise.api import calibrate
     from trainwise.calibration.timing import QUICK

@@ -5,11 +5,17 @@ the compiled regions' "random" rows with it).
 Under torch.compile a dropout's mask is not the eager `bernoulli_` kernel: inductor draws
 each number in the fused kernel from a counter-based generator of its own, and runs that
 kernel on every thread the process has, where eager CPU `bernoulli_` runs on one. The two
-rates differ with the thread count: calibrate on the project's 2-core EPYC measured the
-compiled one at 0.54 x the eager one on one thread and 1.05 x at two (the profiles of
-docs/results/time-model-cpu.md, 2026-11-29). So the eager `random` rate does not price a
-compiled dropout; this times one. Inside real blocks a compiled dropout costs more than
-this lone one (benchmarks/compiled_dropout.py); that gap is not modelled.
+rates differ with the thread count. So the eager `random` rate does not price a compiled
+dropout; this times one.
+
+It is timed as training runs it: on an input that requires a gradient, so the generated
+kernel also writes the mask that backward reads, as a boolean tensor. Timed without a
+gradient (no mask), as it was before, the lone dropout ran at about the eager rate at two
+threads and 0.54 x it at one, while dropout inside real compiled blocks cost far more
+(benchmarks/compiled_dropout.py). The mask is the difference: on the project's 2-core
+EPYC (AVX-512) a compiled kernel that stores a boolean tensor ran about 20 x slower than
+eager's comparison writing the same tensor, and a compiled dropout's forward with the mask
+about 2.7 x slower than without it (65,536 elements, torch 2.13).
 
 The rate is on the bytes the trace charges a compiled region's random ops (trainwise/trace
 /fusion.py leaves them out of the fused groups and adds their eager work: on the CPU the
@@ -37,7 +43,8 @@ def _dropout(x):
 
 def measure_compiled_random(device: torch.device, settings: Settings) -> dict:
     """{"rate": Rate or None, "points": [[bytes, seconds]], "spread", "why" where nothing was
-    measured}: a compiled fp32 dropout's forward over sizes, on the bytes its random ops
+    measured}: a compiled fp32 dropout's training forward over sizes (its mask written for
+    backward), on the bytes its random ops
     are charged in a compiled region. Compiles one function (seconds); where torch.compile
     fails here (no C++ compiler, no Triton) the rate is None and "why" says so."""
     import torch._dynamo
@@ -74,7 +81,8 @@ def _timed(device: torch.device, settings: Settings):
 
     def case(n: int):
         def make():
-            x = torch.rand(n, device=device)
+            # Requires a gradient: the compiled forward then writes backward's mask too.
+            x = torch.rand(n, device=device, requires_grad=True)
             return lambda: compiled(x)
         return round(per_element * n), make
 
