@@ -85,3 +85,27 @@ def test_calibrate_times_wall_seconds_at_one_thread_too_as_train_does():
     started = clock()
     time.sleep(0.05)  # waiting for a core, as on a busy machine, is in the step's wall time
     assert clock() - started >= 0.05
+
+
+def test_the_cpu_is_named_with_its_family_and_model_so_two_generations_behind_one_generic_name_differ(
+        tmp_path, monkeypatch):
+    """A virtual machine may show only "AMD EPYC": two sessions' CPUs of that name were of
+    different generations, and a profile measured on one was accepted on the other."""
+    from trainwise.hardware import host
+
+    block = "processor\t: {n}\nvendor_id\t: AuthenticAMD\ncpu family\t: {family}\nmodel\t\t: {model}\nmodel name\t: AMD EPYC\n"
+    names = []
+    for family, model in ((25, 1), (26, 2)):
+        cpuinfo = tmp_path / f"cpuinfo-{family}"
+        cpuinfo.write_text("\n".join(block.format(n=n, family=family, model=model) for n in range(2)))
+        real_path = host.Path
+        monkeypatch.setattr(host, "Path", lambda _path, _file=cpuinfo: real_path(_file))
+        names.append(host.cpu_model())
+        monkeypatch.setattr(host, "Path", real_path)
+    assert names == ["AMD EPYC (family 25, model 1)", "AMD EPYC (family 26, model 2)"]
+    profile = _cpu_profile(torch_threads=torch.get_num_threads(), clock="wall", cpu_model=names[0])
+    monkeypatch.setattr("trainwise.hardware.profile_settings.cpu_model", lambda: names[1])
+    from trainwise.api import estimate
+
+    with pytest.raises(InputError, match="family 25, model 1"):
+        estimate("tiny-llama", CPU_PLAN, profile=profile)

@@ -7,11 +7,22 @@ from pathlib import Path
 
 
 def cpu_model() -> str:
-    """The CPU's model name ("AMD EPYC ..."), from /proc/cpuinfo where there is one."""
+    """The CPU's model name with its family and model numbers ("AMD EPYC (family 26,
+    model 2)"), from /proc/cpuinfo where there is one. The numbers are kept because a
+    virtual machine may show only a generic name: two sessions' "AMD EPYC" were CPUs of
+    different generations, one running a plan search in half the other's time, and a
+    profile calibrated on one would have been taken for the other."""
     try:
+        fields: dict[str, str] = {}
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            if not line.strip():
+                break  # the first processor's block is enough
+            name, _, value = line.partition(":")
+            fields.setdefault(name.strip(), value.strip())
+        if "model name" in fields:
+            numbers = [f"{label} {fields[key]}" for key, label in (("cpu family", "family"), ("model", "model"))
+                       if fields.get(key)]
+            return fields["model name"] + (f" ({', '.join(numbers)})" if numbers else "")
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown"
