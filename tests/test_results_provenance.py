@@ -241,3 +241,18 @@ def test_others_cpu_use_since_a_probe_leaves_out_this_process_trees_own(monkeypa
     first = provenance.cpu_probe()
     assert provenance.others_cpus_since(first) == 0.5  # (4 - 3) CPU-seconds over 2 s
     assert noise.machine_busy_s() is None or noise.machine_busy_s() > 0
+
+
+@pytest.mark.parametrize("others_cpus", [0.01, 1.2])
+def test_the_plan_search_page_says_the_machine_was_shared_only_when_it_was(others_cpus):
+    """It said so on every page, quiet runs included (0.01 other CPUs)."""
+    import plan_search_time
+
+    prov = {"others_cpus": others_cpus}
+    row = {"case": "8B-1gpu", "target_s": 30.0, "wall_s": 18.4, "cpu_s": 18.9, "wall_spread": 0.05,
+           "cpu_spread": 0.05, "peak_rss_bytes": 4.4e8, "met": True,
+           "last": {"load_before": 0.8, "search_s": 15.8, "screened": 1344, "estimates": 40, "best": "x",
+                    "best_step_s": 10.0, "best_mfu": 0.44}}
+    body = plan_search_time.page_body([row], 3, provenance.busy(prov))
+    assert ("was shared" in body) == (others_cpus > 0.5)
+    assert ("Nothing else used the CPU" in body) == (others_cpus <= 0.5)
