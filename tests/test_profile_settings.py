@@ -89,8 +89,9 @@ def test_calibrate_times_wall_seconds_at_one_thread_too_as_train_does():
 
 def test_the_cpu_is_named_with_its_family_and_model_so_two_generations_behind_one_generic_name_differ(
         tmp_path, monkeypatch):
-    """A virtual machine may show only "AMD EPYC": two sessions' CPUs of that name were of
-    different generations, and a profile measured on one was accepted on the other."""
+    """A virtual machine may show only "AMD EPYC": two sessions' CPUs of that name ran the
+    same search at half and twice the speed, and a profile measured on one would have been
+    accepted on the other."""
     from trainwise.hardware import host
 
     block = "processor\t: {n}\nvendor_id\t: AuthenticAMD\ncpu family\t: {family}\nmodel\t\t: {model}\nmodel name\t: AMD EPYC\n"

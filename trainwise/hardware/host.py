@@ -9,9 +9,9 @@ from pathlib import Path
 def cpu_model() -> str:
     """The CPU's model name with its family and model numbers ("AMD EPYC (family 26,
     model 2)"), from /proc/cpuinfo where there is one. The numbers are kept because a
-    virtual machine may show only a generic name: two sessions' "AMD EPYC" were CPUs of
-    different generations, one running a plan search in half the other's time, and a
-    profile calibrated on one would have been taken for the other."""
+    virtual machine may show only a generic name: under "AMD EPYC" two sessions ran the same
+    plan search in 42 and 19 s, most likely on two generations that the name could not
+    tell apart, and a profile calibrated on one would have been taken for the other."""
     try:
         fields: dict[str, str] = {}
         for line in Path("/proc/cpuinfo").read_text().splitlines():
