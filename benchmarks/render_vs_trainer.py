@@ -49,10 +49,15 @@ def render_page(launches: list[dict], command: str) -> str:
     lines = ["Each run is a fresh process; runs alternate (trainwise, Trainer, Trainer, trainwise, ...). samples/s "
              "leave out the warm-up steps (and, on a CPU, the memory-profiled step); the figure is the median over "
              "the runs, spread = (max - min) / median, each run listed. Ratios are trainwise / Trainer: "
-             "samples_per_s_ratio > 1 means trainwise is faster, peak_memory_ratio < 1 that it needs less.", "",
+             "samples_per_s_ratio > 1 means trainwise is faster, peak_memory_ratio < 1 that it needs less. "
+             "The headline ratio is paired: the i-th run of each engine ran next to each other, and the figure is "
+             "the median over the pairs of the two runs' ratio (each pair listed), shown when the pairs spread by "
+             "at most 10 %; a machine whose speed moves between minutes spreads each engine's runs, not a pair. "
+             "The ratio of the two medians is beside it (launches before the pairing have only that one).", "",
              "| launch | case | plan | steps | samples/s trainwise | runs | spread | samples/s Trainer | runs | spread "
-             "| samples_per_s_ratio | peak allocated trainwise | peak_memory_ratio | MFU trainwise / Trainer |",
-             "|---:|---|---|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+             "| samples/s ratio, paired (measured) | pairs | samples_per_s_ratio of medians | peak allocated trainwise "
+             "| peak_memory_ratio | MFU trainwise / Trainer |",
+             "|---:|---|---|---:|---:|---|---:|---:|---|---:|---:|---|---:|---:|---:|---:|"]
     for number, launch in enumerate(launches, 1):
         result = launch.get("result") or {}
         cells = [str(number), launch["case"], ", ".join(f"{k}={v}" for k, v in launch["plan"].items()),
@@ -61,6 +66,7 @@ def render_page(launches: list[dict], command: str) -> str:
             cells += _speed_cells([r for r in launch["runs"] if r["engine"] == engine])
         mfu = result.get("mfu") or {}
         withheld = result.get("ratio_withheld")
+        cells += _paired_cells(result)
         cells += [f"not shown: {withheld}".replace("|", "/") if withheld else _num(result.get("samples_per_s_ratio"), ".3f"),
                   _gib((result.get("peak_allocated_bytes") or {}).get("trainwise")),
                   _num(result.get("peak_memory_ratio"), ".3f"),
@@ -71,6 +77,17 @@ def render_page(launches: list[dict], command: str) -> str:
         lines += ["", f"No ratio for launch {', '.join(map(str, unfinished))}: a run failed or the launch was cut "
                       "before its last run (its finished runs are listed)."]
     return provenance.page(f"trainwise vs the `transformers` Trainer, {device}", prov, "\n".join(lines))
+
+
+def _paired_cells(result: dict) -> list[str]:
+    """The paired ratio (or why it is withheld) and each pair's ratio; "n/a" for a launch
+    measured before the pairing (or one without a result)."""
+    if "samples_per_s_ratio_paired" not in result:
+        return ["n/a", "n/a"]
+    withheld = result.get("paired_withheld")
+    shown = (f"not shown: {withheld}".replace("|", "/") if withheld
+             else _num(result["samples_per_s_ratio_paired"], ".3f"))
+    return [shown, " ".join(f"{r:.3f}" for r in result.get("paired_ratios") or []) or "none"]
 
 
 def _speed_cells(runs: list[dict]) -> list[str]:

@@ -1,12 +1,18 @@
 """trainwise against the `transformers` Trainer: same model, data, knobs and step count.
 
 Each engine trains in its own fresh process (as `trainwise bench` runs its rows), and the
-runs alternate A B B A ... so slow drift of a shared machine hits both engines alike. The
-ratios are of medians over the repeats, measured side by side in this one launch. Before
-each run the machine's load is checked (trainwise.common.noise.busy_machine); the speed
-ratio is given only when neither engine's samples/s spread by more than 10 % over the runs
-and the machine was never busy, else `samples_per_s_ratio` is null and `ratio_withheld`
-says why:
+runs alternate A B B A ... so slow drift of a shared machine hits both engines alike. Before
+each run the machine's load is checked (trainwise.common.noise.busy_machine).
+
+The headline speed ratio is paired: the i-th run of each engine are neighbours in time (A B,
+then B A, ...), and `samples_per_s_ratio_paired` is the median over i of trainwise's
+samples/s over the Trainer's in that pair. A machine whose speed moves by a third over
+tens of seconds with nothing else running (this project's 2-core VM: docs/plan.md,
+*Provenance and noise*) spreads each engine's runs far past 10 %, so a ratio of the two
+medians compares runs taken minutes apart; a pair's two runs share their minute. It is
+given when the pairs' ratios spread by at most 10 % and the machine was never busy, else
+it is null and `paired_withheld` says why. The ratio of the medians stays beside it
+(`samples_per_s_ratio`, withheld past a 10 % spread of either engine, `ratio_withheld`):
 
     python benchmarks/vs_hf_trainer.py                       # the case sized for this machine
     python benchmarks/vs_hf_trainer.py --case bert-large     # a named case (GPU)
@@ -17,10 +23,11 @@ device, versions, machine load) are appended to FILE (JSON), from which
 benchmarks/render_vs_trainer.py renders docs/results/vs-hf-trainer-<device>.md.
 
 Prints one JSON line per run (with `busy`: what the machine was doing when it started) and
-a last line with `samples_per_s_ratio` (trainwise / Trainer, > 1 means trainwise is faster),
-each engine's median, min, max and spread, and `peak_memory_ratio` (trainwise / Trainer
-peak allocated, < 1 means trainwise needs less). Exits 1 when trainwise is slower than the
-Trainer (ratio < 1.0), when the speed ratio was withheld (it could not be measured here), or
+a last line with `samples_per_s_ratio_paired` and `paired_ratios` (trainwise / Trainer, > 1
+means trainwise is faster), `samples_per_s_ratio`, each engine's median, min, max and
+spread, and `peak_memory_ratio` (trainwise / Trainer peak allocated, < 1 means trainwise
+needs less). Exits 1 when trainwise is slower than the Trainer (paired ratio < 1.0), when
+the paired ratio was withheld (it could not be measured here), or
 when trainwise needs more memory (ratio > 1.01: "equal memory" allows 1 %, a few tens of KiB
 on the CPU case, where both engines hold the same tensors).
 """
@@ -44,7 +51,7 @@ provenance.add_repo_to_path()
 from trainwise.bench.runner import RowJob, run_row
 from trainwise.cli.flags import add_knob_flags, plan_from_args, typed_values  # noqa: E402
 from trainwise.common.atomic import atomic_write_text  # noqa: E402
-from trainwise.common.noise import Spread, busy_machine, confident_ratio  # noqa: E402
+from trainwise.common.noise import SPREAD_LIMIT, Ratio, Spread, busy_machine, confident_ratio, spread_text  # noqa: E402
 from trainwise.plan.plan import Plan  # noqa: E402
 
 # Named cases: (model, knobs). The GPU ones are the issue's: bert-large-uncased at seq 512
@@ -106,16 +113,20 @@ def main(argv: list[str] | None = None) -> int:
     spreads = {e: Spread.of(r["samples_per_s"] for r in runs[e]) for e in ENGINES}
     speed = {e: spreads[e].median for e in ENGINES}
     ratio = confident_ratio(spreads["trainwise"], spreads["hf-trainer"], busy=next((b for b in busy if b), None))
+    paired, pairs = paired_ratio(runs["trainwise"], runs["hf-trainer"], busy=next((b for b in busy if b), None))
     memory = {e: statistics.median(r["measured"]["peak_allocated"] for r in runs[e]) for e in ENGINES}
     mfu = {e: _median_or_none([r.get("mfu") for r in runs[e]]) for e in ENGINES}
     result = {
         "case": case, "model": model, "plan": plan.changed_knobs(), "steps": args.steps, "repeats": args.repeats,
+        "samples_per_s_ratio_paired": paired.to_json()["ratio"], "paired_withheld": paired.withheld,
+        "paired_ratios": [round(r, 4) for r in pairs],
         "samples_per_s_ratio": ratio.to_json()["ratio"], "ratio_withheld": ratio.withheld,
         "samples_per_s_spread": {e: spreads[e].to_json() for e in ENGINES},
         "busy": [b for b in busy if b],
         "peak_memory_ratio": round(memory["trainwise"] / memory["hf-trainer"], 3),
         "samples_per_s": speed, "peak_allocated_bytes": memory, "mfu": mfu,
-        "measured_with": "medians of fresh-process runs; samples/s leave out warm-up steps",
+        "measured_with": "fresh-process runs, the i-th of each engine neighbours in time (paired), and their "
+                         "medians; samples/s leave out warm-up steps",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "python": platform.python_version()},
         "device": torch.cuda.get_device_name(0) if plan.device != "cpu" and torch.cuda.is_available()
@@ -124,8 +135,25 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result))
     if args.rows:
         _save_launch(args.rows, earlier, {**launch, "provenance": prov, "result": result})
-    faster = result["samples_per_s_ratio"] is not None and result["samples_per_s_ratio"] >= 1.0
+    faster = result["samples_per_s_ratio_paired"] is not None and result["samples_per_s_ratio_paired"] >= 1.0
     return 0 if faster and result["peak_memory_ratio"] <= EQUAL_MEMORY else 1
+
+
+def paired_ratio(trainwise_runs: list[dict], trainer_runs: list[dict], busy: str | None = None):
+    """(Ratio, [ratio of each pair]): the median over i of the i-th trainwise run's
+    samples/s over the i-th Trainer run's (neighbours in time: `_alternating`), a pair with
+    a failed run left out; withheld when `busy`, with fewer than two pairs, or when the
+    pairs' ratios spread by more than SPREAD_LIMIT."""
+    pairs = [a["samples_per_s"] / b["samples_per_s"] for a, b in zip(trainwise_runs, trainer_runs)
+             if a.get("samples_per_s") and b.get("samples_per_s")]
+    spread = Spread.of(pairs)
+    if busy:
+        return Ratio(None, busy), pairs
+    if spread.n < 2:
+        return Ratio(None, "fewer than two pairs: no spread to judge it by"), pairs
+    if spread.spread > SPREAD_LIMIT:
+        return Ratio(None, f"the pairs' ratios spread {100 * spread.spread:.1f} % > {spread_text(SPREAD_LIMIT)}"), pairs
+    return Ratio(spread.median), pairs
 
 
 def _launches(path: Path) -> list[dict]:

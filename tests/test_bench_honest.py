@@ -160,6 +160,7 @@ def test_vs_hf_trainer_withholds_the_ratio_on_a_busy_machine_and_exits_1(tmp_pat
     assert vs_hf_trainer.main(["--steps", "8", "--repeats", "2", "--seq-len", "32"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["samples_per_s_ratio"] == 1.25 and result["samples_per_s_spread"]["trainwise"]["n"] == 2
+    assert result["samples_per_s_ratio_paired"] == 1.25 and len(result["paired_ratios"]) == 2
 
 
 def test_bench_page_and_scaling_pages_say_when_the_machine_was_busy():
@@ -174,3 +175,27 @@ def test_bench_page_and_scaling_pages_say_when_the_machine_was_busy():
     assert scaling._spread({"repeats_seconds_per_step": [1.0, 1.02, 1.01], "busy": None}) == "2 %"
     assert scaling._spread({"repeats_seconds_per_step": [1.0, 1.02, 1.01], "busy": busy}) == "2 % (noisy)"
     assert scaling._spread({"repeats_seconds_per_step": [1.0, 1.5, 1.01], "busy": None}) == "50 % (noisy)"
+
+
+def test_vs_hf_trainer_pairs_neighbouring_runs_so_a_machine_whose_speed_moves_still_gives_a_ratio():
+    """Each engine's runs spread 50 % as the machine's speed moves between pairs, so the
+    ratio of medians is withheld; the two runs of a pair share their moment, and their
+    ratios agree."""
+    _benchmarks_on_path()
+    import vs_hf_trainer
+
+    speed = [1.0, 1.5, 1.2, 0.9]  # the machine's speed at each pair
+    trainwise_runs = [{"samples_per_s": 110.0 * s} for s in speed]
+    trainer_runs = [{"samples_per_s": 100.0 * s * f} for s, f in zip(speed, (1.0, 1.02, 0.99, 1.0))]
+    ratio, pairs = vs_hf_trainer.paired_ratio(trainwise_runs, trainer_runs)
+    assert ratio.withheld is None and ratio.value == pytest.approx(1.1, rel=0.02) and len(pairs) == 4
+    medians = noise.confident_ratio(noise.Spread.of(r["samples_per_s"] for r in trainwise_runs),
+                                    noise.Spread.of(r["samples_per_s"] for r in trainer_runs))
+    assert medians.value is None and "spread" in medians.withheld
+    # Pairs that disagree past 10 %, a failed run, a busy machine: withheld, and said why.
+    trainer_runs[1]["samples_per_s"] *= 1.3
+    assert "the pairs' ratios spread" in vs_hf_trainer.paired_ratio(trainwise_runs, trainer_runs)[0].withheld
+    assert vs_hf_trainer.paired_ratio(trainwise_runs[:1], trainer_runs[:1])[0].withheld.startswith("fewer than two")
+    assert vs_hf_trainer.paired_ratio(trainwise_runs, trainer_runs, busy="machine busy")[0].withheld == "machine busy"
+    failed = [{"samples_per_s": None}, *trainwise_runs[1:]]
+    assert len(vs_hf_trainer.paired_ratio(failed, trainer_runs)[1]) == 3

@@ -118,6 +118,7 @@ def test_render_vs_trainer_keeps_the_last_launch_of_a_case_and_shows_no_ratio_fo
     table = [line for line in text.splitlines() if line.startswith("| ") and "launch" not in line]
     assert len(table) == 2
     assert "| 11.0 | 10.0, 12.0, 11.0 | 18 % | 9.0 |" in table[0] and "| 1.250 |" in table[0]
+    assert "| n/a | n/a | 1.250 |" in table[0]  # measured before the pairing: no paired ratio
     assert "No ratio for launch 2" in text
     assert "busy" in provenance.parse(text)["launch 1"]
 
@@ -256,3 +257,20 @@ def test_the_plan_search_page_says_the_machine_was_shared_only_when_it_was(other
     body = plan_search_time.page_body([row], 3, provenance.busy(prov))
     assert ("was shared" in body) == (others_cpus > 0.5)
     assert ("Nothing else used the CPU" in body) == (others_cpus <= 0.5)
+
+
+def test_render_vs_trainer_shows_the_paired_ratio_and_each_pair_or_why_it_is_withheld(tmp_path):
+    import render_vs_trainer
+
+    shown = _vs_launch(30, {"trainwise": [11.0, 16.5], "hf-trainer": [10.0, 15.3]}, True)
+    shown["result"].update(samples_per_s_ratio_paired=1.089, paired_withheld=None, paired_ratios=[1.1, 1.0784])
+    withheld = _vs_launch(40, {"trainwise": [11.0, 16.5], "hf-trainer": [10.0, 12.0]}, True)
+    withheld["result"].update(samples_per_s_ratio_paired=None, paired_ratios=[1.1, 1.375],
+                              paired_withheld="the pairs' ratios spread 25.0 % > 10 %")
+    rows = tmp_path / "vs.json"
+    rows.write_text(json.dumps({"launches": [shown, withheld]}))
+    out = tmp_path / "vs.md"
+    assert render_vs_trainer.main([str(rows), "--out", str(out)]) == 0
+    table = [line for line in out.read_text().splitlines() if line.startswith("| ") and "launch" not in line]
+    assert "| 1.089 | 1.100 1.078 | 1.250 |" in table[0]
+    assert "| not shown: the pairs' ratios spread 25.0 % > 10 % | 1.100 1.375 |" in table[1]
