@@ -112,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     prov = provenance.finish(prov)
     spreads = {e: Spread.of(r["samples_per_s"] for r in runs[e]) for e in ENGINES}
     speed = {e: spreads[e].median for e in ENGINES}
-    ratio = confident_ratio(spreads["trainwise"], spreads["hf-trainer"], busy=next((b for b in busy if b), None))
-    paired, pairs = paired_ratio(runs["trainwise"], runs["hf-trainer"], busy=next((b for b in busy if b), None))
+    busy_reason = next((b for b in busy if b), None)
+    ratio = confident_ratio(spreads["trainwise"], spreads["hf-trainer"], busy=busy_reason)
+    paired, pairs = paired_ratio(runs["trainwise"], runs["hf-trainer"], busy=busy_reason)
     memory = {e: statistics.median(r["measured"]["peak_allocated"] for r in runs[e]) for e in ENGINES}
     mfu = {e: _median_or_none([r.get("mfu") for r in runs[e]]) for e in ENGINES}
     result = {
