@@ -42,7 +42,8 @@ def test_a_profile_calibrated_at_another_thread_count_is_refused_naming_threads_
 
 def test_a_profile_of_these_settings_is_used():
     here = present_settings()
-    profile = _cpu_profile(torch_threads=here["torch_threads"], clock="wall", cpu_model=here["cpu_model"])
+    profile = _cpu_profile(torch_threads=here["torch_threads"], clock="wall", cpu_model=here["cpu_model"],
+                           allocator=here["allocator"])
     from trainwise.api import estimate
 
     assert estimate("tiny-llama", CPU_PLAN, profile=profile).time.step_s > 0
@@ -110,3 +111,21 @@ def test_the_cpu_is_named_with_its_family_and_model_so_two_generations_behind_on
 
     with pytest.raises(InputError, match="family 25, model 1"):
         estimate("tiny-llama", CPU_PLAN, profile=profile)
+
+
+@pytest.mark.parametrize("recorded", [None, "glibc default"])
+def test_a_profile_measured_while_glibc_faulted_freed_memory_in_afresh_is_refused(recorded):
+    """A step under glibc's default allocator faults its freed memory in again every step
+    (a tenth of the step or more on this project's CPU): a profile measured so, or before
+    the allocator was recorded, does not price the step `train` runs now."""
+    here = present_settings()
+    if here["allocator"] == "glibc default":
+        pytest.skip("glibc refused to keep freed memory here: the profiles would match")
+    settings = {"torch_threads": here["torch_threads"], "clock": "wall", "cpu_model": here["cpu_model"]}
+    if recorded:
+        settings["allocator"] = recorded
+    from trainwise.api import estimate
+
+    with pytest.raises(InputError, match="allocator") as err:
+        estimate("tiny-llama", CPU_PLAN, profile=_cpu_profile(**settings))
+    assert "trainwise calibrate --device cpu" in str(err.value) and "\n" not in str(err.value)

@@ -92,6 +92,10 @@ def calibrate(device: str = "cpu", out: str | Path | None = None, nproc: int = 1
     torch_device = torch.device("cpu" if target.kind == "cpu" else f"cuda:{target.index or 0}")
     if torch_device.type == "cuda":
         torch.cuda.set_device(torch_device)
+    else:
+        from trainwise.hardware.allocator import keep_freed_memory
+
+        keep_freed_memory()  # as `train` runs a CPU step (recorded by _provenance)
     started, load_start = time.perf_counter(), _load()
     settings = QUICK if quick else FULL
     rates, spreads, measured = _measure_one_device(torch_device, settings)

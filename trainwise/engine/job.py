@@ -28,6 +28,7 @@ from trainwise.engine.run import RunOutcome, StepLog, run_training
 from trainwise.engine.run_config import RunConfig
 from trainwise.engine.runtime import refusal_of_nondeterminism, runtime_device, seed_everything
 from trainwise.hardware import resolve_device
+from trainwise.hardware.allocator import GLIBC_DEFAULT, KEPT, keep_freed_memory
 from trainwise.models import (ModelSpec, build_model_with_notes, check_seq_len, example_batch, resolve_model,
                               resolve_model_object)
 from trainwise.models.build import ATTENTION_IMPLEMENTATIONS
@@ -81,6 +82,7 @@ def train_job(model: str | ModelSpec | nn.Module, data: Iterable | None, plan: P
     device = runtime_device(plan.device, explicit=device_explicit)
     if plan.device != device.type and not device_explicit:
         plan = plan.replace(device=device.type)
+    allocator_notes = [_allocator_note(keep_freed_memory())] if device.type == "cpu" else []
     spec = model_spec(model, task, trust_remote_code)
     # Before any process group or model:
     check_reports(run)
@@ -103,7 +105,7 @@ def train_job(model: str | ModelSpec | nn.Module, data: Iterable | None, plan: P
     module, notes_built = _build(model, spec, plan, build_on)
     train_data = _data(data, spec, plan, run, distributed)
     result = TrainResult(module, plan, run, device, {}, None, "", train_data.description, None,
-                         notes + notes_built)
+                         allocator_notes + notes + notes_built)
     outcome = _run(result, spec, distributed, train_data, advisor, on_step, on_ready)
     result.outcome, result.summary = outcome, dict(outcome.summary)
     result.summary["mfu_peak"] = result.mfu_peak
@@ -143,6 +145,15 @@ def _run(result: TrainResult, spec: ModelSpec | None, distributed: Distributed, 
         if refusal is None:
             raise
         raise refusal from None
+
+
+def _allocator_note(setting: str) -> str:
+    """The line a CPU run shows about the C allocator (hardware/allocator.py)."""
+    if setting == KEPT:
+        return ("CPU allocator: glibc keeps freed memory (no per-step page faults; set any MALLOC_* variable "
+                "to choose otherwise)")
+    return f"CPU allocator: {setting}, as set in the environment" if setting != GLIBC_DEFAULT else \
+        "CPU allocator: glibc default (glibc refused to keep freed memory)"
 
 
 def model_spec(model, task: str | None, trust_remote_code: bool) -> ModelSpec | None:

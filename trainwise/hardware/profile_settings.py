@@ -4,8 +4,9 @@ A CPU's rates depend on how many threads torch runs an op on (2 threads run a la
 near twice as fast as 1, and a small element-wise op slower) and on the CPU itself. A
 profile predicts the step `trainwise train` times in a process like this one: wall
 seconds at this process's thread count (torch's default, or OMP_NUM_THREADS /
-torch.set_num_threads), so `calibrate` records the thread count, the clock and the CPU
-model it measured with, and `estimate`, `plan` and `train --plan auto` refuse a profile
+torch.set_num_threads), so `calibrate` records the thread count, the clock, the CPU
+model and the C allocator's setting (hardware/allocator.py: whether freed memory is kept or
+faulted in afresh each step) it measured with, and `estimate`, `plan` and `train --plan auto` refuse a profile
 whose settings differ from the present ones (exit 2, naming the setting and how to
 calibrate again) rather than predict another machine's step."""
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 
 from trainwise.common.errors import InputError
+from trainwise.hardware.allocator import GLIBC_DEFAULT, NOT_GLIBC, allocator_in_force
 from trainwise.hardware.host import cpu_model
 
 # The clock every profile is measured with (trainwise/calibration/timing.py).
@@ -21,12 +23,12 @@ CLOCK = "wall"
 
 
 def present_settings() -> dict:
-    """{"torch_threads", "clock", "cpu_model", "omp_num_threads"} of this process: what a
-    calibration here records and what a profile is checked against."""
+    """{"torch_threads", "clock", "cpu_model", "omp_num_threads", "allocator"} of this
+    process: what a calibration here records and what a profile is checked against."""
     import torch
 
     return {"torch_threads": torch.get_num_threads(), "clock": CLOCK, "cpu_model": cpu_model(),
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "allocator": allocator_in_force()}
 
 
 def check_profile_settings(profile, flag: str) -> None:
@@ -53,6 +55,14 @@ def check_profile_settings(profile, flag: str) -> None:
     if model is not None and model != here["cpu_model"]:
         raise InputError(flag, f"{_name(profile)} was measured on {model!r}, not on this machine's "
                                f"{here['cpu_model']!r}: calibrate here ({_recalibrate(profile)})")
+    # A calibrated profile from before the allocator was recorded ran under the C library's
+    # default (a user's MALLOC_* settings then were not recorded: refused, one calibration).
+    legacy = NOT_GLIBC if here["allocator"] == NOT_GLIBC else GLIBC_DEFAULT
+    allocator = measured.get("allocator", legacy if threads is not None else None)
+    if allocator is not None and allocator != here["allocator"]:
+        raise InputError(flag, f"{_name(profile)} was measured with the C allocator as {allocator!r}; a CPU run "
+                               f"here uses {here['allocator']!r}, which changes a step's time: calibrate again "
+                               f"({_recalibrate(profile)})")
 
 
 def _name(profile) -> str:
