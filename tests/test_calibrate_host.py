@@ -202,3 +202,21 @@ def test_the_recomputed_host_time_holds_at_a_plain_ops_when_checkpointing_adds_l
     assert recomputed_op_host(0.004, 0.002, 100, 2e-6) == pytest.approx(20e-6)
     assert recomputed_op_host(0.001, 0.002, 100, 2e-6) == 2e-6  # measured below predicted: noise
     assert recomputed_op_host(0.004, 0.002, 0, 2e-6) == 2e-6  # nothing recomputed
+
+
+def test_the_two_reference_steps_are_timed_in_turn_so_a_change_of_speed_meets_both(monkeypatch):
+    """The factor is set by the difference of the two reference steps: timed one after the
+    other on a VM whose speed moves, they met two speeds (two quiet calibrations ten
+    minutes apart fitted 2.97 and 7.84). Past the warm-up, their blocks alternate."""
+    from trainwise.calibration.host_time import REFERENCE_BLOCKS, measure_training_host
+    from trainwise.calibration.timing import QUICK
+    from trainwise.hardware.profile import DeviceProfile, Rate
+
+    fake = _FakeSteps()
+    _stub_measurement(monkeypatch, fake)
+    measured = DeviceProfile("cpu", "cpu", "test", {"fp32": Rate(1e10, 1e-6)}, {}, Rate(1e9, 1e-6), 2e-6)
+    _, found = measure_training_host(torch.device("cpu"), measured, QUICK)
+    fitted = [kind for kind in fake.calls if kind in ("host bound", "compute bound")]
+    runs = [kind for i, kind in enumerate(fitted) if i == 0 or fitted[i - 1] != kind]
+    assert runs[2:] == ["host bound", "compute bound"] * REFERENCE_BLOCKS  # after each one's warm-up
+    assert [p["step_s"] for p in found["steps"]] == pytest.approx([0.002, 0.050])

@@ -52,6 +52,8 @@ HOST_BOUND, COMPUTE_BOUND = (1, 8), (8, 256)
 # before did not carry to the sizes users run (checkpointed plans at 64 tokens read
 # 50-57 % high).
 CHECKPOINTED = (2, 64)
+# Blocks each reference step is timed in, the two steps' blocks taken in turn.
+REFERENCE_BLOCKS = 5
 
 
 def measure_training_host(device: torch.device, measured: DeviceProfile, settings: Settings) -> tuple[DeviceProfile, dict]:
@@ -68,13 +70,19 @@ def measure_training_host(device: torch.device, measured: DeviceProfile, setting
     contraction, replayed = contraction_factor(device, Plan(batch_size=COMPUTE_BOUND[0], seq_len=COMPUTE_BOUND[1],
                                                             device="cpu"))
     measured = dataclasses.replace(measured, step_contraction_factor=contraction)
+    sizes = (HOST_BOUND, COMPUTE_BOUND)
+    plans = [Plan(batch_size=batch_size, seq_len=seq_len, device="cpu") for batch_size, seq_len in sizes]
+    # The two steps in turn, block by block: on a VM whose speed moves over tens of seconds,
+    # two steps timed one after the other can meet two speeds, and their difference, which
+    # sets the factor, then carries the change (two quiet calibrations ten minutes apart
+    # fitted 2.97 and 7.84).
+    blocks = time_interleaved_steps(device, plans, REFERENCE_BLOCKS,
+                                    [steps_timed(settings, size) // REFERENCE_BLOCKS for size in sizes])
     points = []
-    for batch_size, seq_len in (HOST_BOUND, COMPUTE_BOUND):
-        plan = Plan(batch_size=batch_size, seq_len=seq_len, device="cpu")
+    for (batch_size, seq_len), plan, timed in zip(sizes, plans, blocks):
         compute_s, fixed_s, ops = predicted_compute_and_ops(plan, resolve_device("cpu"), measured)
-        step_s, spread = time_training_steps(device, plan, steps=steps_timed(settings, (batch_size, seq_len)))
-        points.append({"batch_size": batch_size, "seq_len": seq_len, "step_s": step_s, "arithmetic_s": compute_s,
-                       "fixed_s": fixed_s, "ops": ops, "spread": spread})
+        points.append({"batch_size": batch_size, "seq_len": seq_len, "step_s": statistics.median(timed),
+                       "arithmetic_s": compute_s, "fixed_s": fixed_s, "ops": ops, "spread": _spread(timed)})
     host, factor = host_and_factor(*points, least_host_s=measured.host_s_per_op)
     fitted = dataclasses.replace(measured, host_s_per_op=host, step_non_matmul_factor=factor)
     recomputed, selective = _recomputed_op_hosts(device, fitted, settings)
@@ -219,15 +227,17 @@ def predicted_compute_and_ops(plan, device, measured: DeviceProfile) -> tuple[fl
 
 def time_training_steps(device: torch.device, plan, steps: int) -> tuple[float, float]:
     """(median seconds of one training step, (max - min) / median over blocks of steps)."""
-    blocks = time_interleaved_steps(device, [plan], 5, steps // 5)[0]
+    blocks = time_interleaved_steps(device, [plan], REFERENCE_BLOCKS, steps // REFERENCE_BLOCKS)[0]
     return statistics.median(blocks), _spread(blocks)
 
 
-def time_interleaved_steps(device: torch.device, plans: list, blocks: int, steps: int) -> list[list[float]]:
+def time_interleaved_steps(device: torch.device, plans: list, blocks: int, steps: int | list[int]
+                           ) -> list[list[float]]:
     """Seconds per training step of each of `plans`, one list per plan of `blocks` blocks of
-    `steps` steps each, the plans' blocks taken in turn (A, B, A, B, ...) so that a load
-    that comes and goes slows all of them alike, and block i of one plan may be compared
-    with block i of another."""
+    `steps` steps each (one count for all, or one per plan), the plans' blocks taken in turn
+    (A, B, A, B, ...) so that a load that comes and goes slows all of them alike, and block
+    i of one plan may be compared with block i of another."""
+    counts = steps if isinstance(steps, list) else [steps] * len(plans)
     one_steps = [reference_step(device, plan) for plan in plans]
     clock = clock_of(synchronizer(device))
     for one_step in one_steps:
@@ -235,11 +245,11 @@ def time_interleaved_steps(device: torch.device, plans: list, blocks: int, steps
             one_step()  # warm-up: the optimizer's state, the allocator's caches
     seconds = [[] for _ in plans]
     for _ in range(blocks):
-        for one_step, timed in zip(one_steps, seconds):
+        for one_step, timed, count in zip(one_steps, seconds, counts):
             started = clock()
-            for _ in range(steps):
+            for _ in range(count):
                 one_step()
-            timed.append((clock() - started) / steps)
+            timed.append((clock() - started) / count)
     return seconds
 
 
