@@ -282,8 +282,9 @@ def measured_as_before(cached_profile, monkeypatch):
              "attention_by_head_dim": profile.attention_by_head_dim, "transcendental": profile.transcendental,
              "byte_rates_by_dtype": profile.byte_rates_by_dtype, "random": profile.random,
              "host_s_per_op": profile.host_s_per_op, "optimizer": profile.optimizer}
-    monkeypatch.setattr(calibrate, "_measure_one_device", lambda device, settings: (dict(rates), {}, {"points": {}}))
-    monkeypatch.setattr(calibrate, "_with_training_host", lambda profile, device, settings, spreads: profile)
+    monkeypatch.setattr(calibrate, "_measure_one_device",
+                        lambda device, settings, between=None: (dict(rates), {}, {"points": {}}))
+    monkeypatch.setattr(calibrate, "_with_training_host", lambda profile, device, settings, spreads, *rest: profile)
     return profile
 
 

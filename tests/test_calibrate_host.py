@@ -220,3 +220,35 @@ def test_the_two_reference_steps_are_timed_in_turn_so_a_change_of_speed_meets_bo
     runs = [kind for i, kind in enumerate(fitted) if i == 0 or fitted[i - 1] != kind]
     assert runs[2:] == ["host bound", "compute bound"] * REFERENCE_BLOCKS  # after each one's warm-up
     assert [p["step_s"] for p in found["steps"]] == pytest.approx([0.002, 0.050])
+
+
+def test_calibrate_times_the_reference_steps_between_its_rate_measurements(monkeypatch):
+    """A VM's speed moves over tens of seconds: steps timed in one spell and rates in
+    another put the whole change on the element-wise factor. calibrate takes a block of the
+    reference steps before its first rate measurement and after each group of them."""
+    from trainwise.api import calibrate
+    from trainwise.calibration import compute, memory
+    from trainwise.calibration.timing import QUICK, Fit
+    from trainwise.hardware.profile import Rate
+
+    order = []
+
+    def measured(name, value):
+        def fake(*args, **kwargs):
+            order.append(name)
+            return value
+        return fake
+
+    fit = Fit(Rate(1e10, 1e-6), [(1.0, 1e-6)], 0.0)
+    monkeypatch.setattr(compute, "dtypes_to_measure", lambda device: ["fp32", "bf16"])
+    monkeypatch.setattr(compute, "measure_matmul", measured("matmul", fit))
+    monkeypatch.setattr(compute, "measure_attention", measured("attention", dict.fromkeys(compute.HEAD_DIMS, fit)))
+    monkeypatch.setattr(memory, "measure_bytes", measured("bytes", fit))
+    monkeypatch.setattr(memory, "measure_bytes_relative", measured("relative", (1.5, {"ratio": 1.5, "spread": 0.0})))
+    monkeypatch.setattr(memory, "measure_optimizer", measured("optimizer", fit))
+    monkeypatch.setattr(memory, "measure_host_overhead", measured("host", (5e-6, 0.0)))
+    calibrate._measure_one_device(torch.device("cpu"), QUICK, between=lambda: order.append("steps"))
+    assert order[0] == "steps" and order[-1] == "steps"
+    assert order.count("steps") >= 6  # per dtype, per kind of element-wise op, the dtype ratios, the optimizer
+    gaps = [len(list(group)) for key, group in __import__("itertools").groupby(order, lambda n: n == "steps") if not key]
+    assert max(gaps) <= 3  # no long run of rates without the steps

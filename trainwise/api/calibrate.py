@@ -98,7 +98,13 @@ def calibrate(device: str = "cpu", out: str | Path | None = None, nproc: int = 1
         keep_freed_memory()  # as `train` runs a CPU step (recorded by _provenance)
     started, load_start = time.perf_counter(), _load()
     settings = QUICK if quick else FULL
-    rates, spreads, measured = _measure_one_device(torch_device, settings)
+    reference = None
+    if torch_device.type == "cpu":
+        from trainwise.calibration.host_time import ReferenceSteps
+
+        reference = ReferenceSteps(torch_device, settings)  # timed between the rates, to meet their speed
+    rates, spreads, measured = _measure_one_device(torch_device, settings,
+                                                   between=reference.time_block if reference else None)
     if nproc > 1:
         from trainwise.calibration.collectives import measure_collectives
 
@@ -115,7 +121,7 @@ def calibrate(device: str = "cpu", out: str | Path | None = None, nproc: int = 1
                             optimizer=rates["optimizer"], attention_by_head_dim=rates["attention_by_head_dim"],
                             device_to_host=rates.get("device_to_host"), byte_rates_by_dtype=rates["byte_rates_by_dtype"])
     if target.kind == "cpu":
-        profile = _with_training_host(profile, torch_device, settings, spreads)
+        profile = _with_training_host(profile, torch_device, settings, spreads, reference)
     # The context before the compiled chains: an eager step loads no Triton kernels.
     profile = _with_context(profile, torch_device)
     profile = _with_compiled_host(profile, torch_device, settings)
@@ -127,9 +133,12 @@ def calibrate(device: str = "cpu", out: str | Path | None = None, nproc: int = 1
     return Calibration(profile, path, seconds, tuple(busy_warnings(measured)))
 
 
-def _measure_one_device(device, settings) -> tuple[dict, dict, dict]:
+def _measure_one_device(device, settings, between=None) -> tuple[dict, dict, dict]:
     """(rates for the profile's fields, spread per measurement, extra measured facts: the
-    (size, median seconds) points each rate was fitted to, the optimizer step)."""
+    (size, median seconds) points each rate was fitted to, the optimizer step); `between()`,
+    where given, is called before the first measurement and after each group of them."""
+    between = between or (lambda: None)
+    between()
     from trainwise.calibration import compute
     from trainwise.calibration import memory
 
@@ -152,8 +161,10 @@ def _measure_one_device(device, settings) -> tuple[dict, dict, dict]:
             rates["attention_by_head_dim"][dtype] = {
                 head_dim: rates["attention"][dtype] if head_dim == reference
                 else keep(f"attention {dtype} head dim {head_dim}", found) for head_dim, found in fits.items()}
+        between()
     for kind in memory.BYTE_OPS:
         rates[kind] = keep(kind, memory.measure_bytes(kind, device, settings))
+        between()
     # The element-wise dtypes other than fp32 the device runs: a CPU core takes about as long
     # per element in bf16 as in fp32, so their byte rates differ. Not tf32 (a matmul mode)
     # nor fp8 (--float8's casts, on a GPU, whose element-wise kernels are bound by bytes).
@@ -165,9 +176,11 @@ def _measure_one_device(device, settings) -> tuple[dict, dict, dict]:
             spreads[f"{kind} {dtype} vs fp32"], relative[f"{kind} {dtype}"] = found["spread"], found
             rates["byte_rates_by_dtype"].setdefault(kind, {})[dtype] = Rate(rates[kind].per_s / ratio,
                                                                              rates[kind].fixed_s)
+        between()
     rates["host_s_per_op"], spreads["host per op"] = memory.measure_host_overhead(device, settings)
     optimizer = memory.measure_optimizer(device, settings)
     rates["optimizer"] = keep("optimizer step", optimizer)
+    between()
     if device.type == "cuda":
         for direction in memory.COPY_DIRECTIONS:
             rates[direction] = keep(direction.replace("_", " "), memory.measure_copy(device, direction, settings))
@@ -179,13 +192,14 @@ def _measure_one_device(device, settings) -> tuple[dict, dict, dict]:
     return rates, spreads, measured
 
 
-def _with_training_host(profile: DeviceProfile, device, settings, spreads: dict) -> DeviceProfile:
+def _with_training_host(profile: DeviceProfile, device, settings, spreads: dict, reference=None) -> DeviceProfile:
     """The CPU's host time per op and arithmetic factor as a training step pays them
-    (trainwise/calibration/host_time.py); the bare dispatch of a tiny op stays in
+    (trainwise/calibration/host_time.py), from the reference steps `reference` timed
+    between the rate measurements; the bare dispatch of a tiny op stays in
     `measured.host_dispatch_s_per_op`."""
     from trainwise.calibration.host_time import measure_training_host
 
-    fitted, found = measure_training_host(device, profile, settings)
+    fitted, found = measure_training_host(device, profile, settings, reference)
     checkpointed = (found["recomputed"], found["selective_recomputed"])
     spreads["training step"] = max([point["spread"] for point in (*found["steps"], *checkpointed)]
                                    + [point["plain_spread"] for point in checkpointed])

@@ -8,7 +8,9 @@ step's kernels run slower than the same kernels timed alone in a loop, with thei
 hot in cache. Both are measured where they happen: the catalog's tiny-llama is trained as
 trainwise's step does it (a fresh batch, forward with the loss, backward, gradient
 clipping, AdamW foreach, the LR schedule, zero_grad) at two sizes, one whose
-arithmetic is a few percent of the step and one whose arithmetic is most of it; with the
+arithmetic is a few percent of the step and one whose arithmetic is most of it (a block of
+each in turn between each of calibrate's rate measurements, so that the steps meet the
+speed the rates were measured at: ReferenceSteps); with the
 arithmetic the time model prices at the rates measured in isolation, and the ops the
 traced step dispatches (views at a quarter), the two steps give the two unknowns:
 `step = fixed + factor x other arithmetic + host x ops`, where `fixed` is the work
@@ -56,12 +58,54 @@ CHECKPOINTED = (2, 64)
 REFERENCE_BLOCKS = 5
 
 
-def measure_training_host(device: torch.device, measured: DeviceProfile, settings: Settings) -> tuple[DeviceProfile, dict]:
+class ReferenceSteps:
+    """The two reference steps (HOST_BOUND, COMPUTE_BOUND), built and warmed once, then timed
+    a block of each at a time, in turn, wherever the caller asks: calibrate takes a block
+    between each of its rate measurements. The factor compares the steps with those rates,
+    and on a VM whose speed moves over tens of seconds (this project's 2-core one: the
+    8 x 256 step 30-42 ms in back-to-back processes) steps timed in one spell and rates in
+    another put the whole change on the factor, the small part of the large step it prices:
+    two quiet calibrations ten minutes apart fitted 2.97 and 7.84. Spread over the span the
+    rates were measured in, the steps' medians meet the rates' speed. Each block times
+    both steps, so their difference, which sets the factor, meets one speed too."""
+
+    def __init__(self, device: torch.device, settings: Settings):
+        from trainwise.plan.plan import Plan
+
+        self.sizes = (HOST_BOUND, COMPUTE_BOUND)
+        self.plans = [Plan(batch_size=batch_size, seq_len=seq_len, device="cpu") for batch_size, seq_len in self.sizes]
+        self.counts = [max(1, steps_timed(settings, size) // REFERENCE_BLOCKS) for size in self.sizes]
+        self.steps = [reference_step(device, plan) for plan in self.plans]
+        self.clock = clock_of(synchronizer(device))
+        for one_step in self.steps:
+            for _ in range(5):
+                one_step()  # warm-up: the optimizer's state, the allocator's caches
+        self.blocks: list[list[float]] = [[] for _ in self.steps]
+        self.taken_at: list[float] = []  # seconds since the steps were built, per block
+        self.started = self.clock()
+
+    def time_block(self) -> None:
+        """One block of each step, in turn: seconds per step appended to `blocks`."""
+        self.taken_at.append(round(self.clock() - self.started, 2))
+        for one_step, timed, count in zip(self.steps, self.blocks, self.counts):
+            started = self.clock()
+            for _ in range(count):
+                one_step()
+            timed.append((self.clock() - started) / count)
+
+    def taken(self) -> int:
+        return len(self.taken_at)
+
+
+def measure_training_host(device: torch.device, measured: DeviceProfile, settings: Settings,
+                          reference: ReferenceSteps | None = None) -> tuple[DeviceProfile, dict]:
     """`measured` (the rates already measured; its host_s_per_op is not used) with what a
     training step adds, on the CPU: the contraction factor, the host seconds per op, the
     factor by which the step's other work (not contractions, not the optimizer) runs slower
     than its rates, and the host seconds of a recomputed op; and what was measured. Two
-    reference steps, two unknowns: step = fixed + factor x other arithmetic + host x ops."""
+    reference steps, two unknowns: step = fixed + factor x other arithmetic + host x ops;
+    the steps' blocks are those `reference` took while the rates were measured, topped up
+    here to REFERENCE_BLOCKS (all of them here without one)."""
     from trainwise.hardware.resolve import resolve_device
     from trainwise.plan.plan import Plan
 
@@ -70,19 +114,15 @@ def measure_training_host(device: torch.device, measured: DeviceProfile, setting
     contraction, replayed = contraction_factor(device, Plan(batch_size=COMPUTE_BOUND[0], seq_len=COMPUTE_BOUND[1],
                                                             device="cpu"))
     measured = dataclasses.replace(measured, step_contraction_factor=contraction)
-    sizes = (HOST_BOUND, COMPUTE_BOUND)
-    plans = [Plan(batch_size=batch_size, seq_len=seq_len, device="cpu") for batch_size, seq_len in sizes]
-    # The two steps in turn, block by block: on a VM whose speed moves over tens of seconds,
-    # two steps timed one after the other can meet two speeds, and their difference, which
-    # sets the factor, then carries the change (two quiet calibrations ten minutes apart
-    # fitted 2.97 and 7.84).
-    blocks = time_interleaved_steps(device, plans, REFERENCE_BLOCKS,
-                                    [steps_timed(settings, size) // REFERENCE_BLOCKS for size in sizes])
+    reference = reference or ReferenceSteps(device, settings)
+    while reference.taken() < REFERENCE_BLOCKS:
+        reference.time_block()
     points = []
-    for (batch_size, seq_len), plan, timed in zip(sizes, plans, blocks):
+    for (batch_size, seq_len), plan, timed in zip(reference.sizes, reference.plans, reference.blocks):
         compute_s, fixed_s, ops = predicted_compute_and_ops(plan, resolve_device("cpu"), measured)
         points.append({"batch_size": batch_size, "seq_len": seq_len, "step_s": statistics.median(timed),
-                       "arithmetic_s": compute_s, "fixed_s": fixed_s, "ops": ops, "spread": _spread(timed)})
+                       "arithmetic_s": compute_s, "fixed_s": fixed_s, "ops": ops, "spread": _spread(timed),
+                       "blocks_s": timed, "blocks_at_s": reference.taken_at})
     host, factor = host_and_factor(*points, least_host_s=measured.host_s_per_op)
     fitted = dataclasses.replace(measured, host_s_per_op=host, step_non_matmul_factor=factor)
     recomputed, selective = _recomputed_op_hosts(device, fitted, settings)
@@ -231,13 +271,11 @@ def time_training_steps(device: torch.device, plan, steps: int) -> tuple[float, 
     return statistics.median(blocks), _spread(blocks)
 
 
-def time_interleaved_steps(device: torch.device, plans: list, blocks: int, steps: int | list[int]
-                           ) -> list[list[float]]:
+def time_interleaved_steps(device: torch.device, plans: list, blocks: int, steps: int) -> list[list[float]]:
     """Seconds per training step of each of `plans`, one list per plan of `blocks` blocks of
-    `steps` steps each (one count for all, or one per plan), the plans' blocks taken in turn
-    (A, B, A, B, ...) so that a load that comes and goes slows all of them alike, and block
-    i of one plan may be compared with block i of another."""
-    counts = steps if isinstance(steps, list) else [steps] * len(plans)
+    `steps` steps each, the plans' blocks taken in turn (A, B, A, B, ...) so that a load
+    that comes and goes slows all of them alike, and block i of one plan may be compared
+    with block i of another."""
     one_steps = [reference_step(device, plan) for plan in plans]
     clock = clock_of(synchronizer(device))
     for one_step in one_steps:
@@ -245,11 +283,11 @@ def time_interleaved_steps(device: torch.device, plans: list, blocks: int, steps
             one_step()  # warm-up: the optimizer's state, the allocator's caches
     seconds = [[] for _ in plans]
     for _ in range(blocks):
-        for one_step, timed, count in zip(one_steps, seconds, counts):
+        for one_step, timed in zip(one_steps, seconds):
             started = clock()
-            for _ in range(count):
+            for _ in range(steps):
                 one_step()
-            timed.append((clock() - started) / count)
+            timed.append((clock() - started) / steps)
     return seconds
 
 
