@@ -53,7 +53,11 @@ def render_page(launches: list[dict], command: str) -> str:
              "The headline ratio is paired: the i-th run of each engine ran next to each other, and the figure is "
              "the median over the pairs of the two runs' ratio (each pair listed), shown when the pairs spread by "
              "at most 10 %; a machine whose speed moves between minutes spreads each engine's runs, not a pair. "
-             "The ratio of the two medians is beside it (launches before the pairing have only that one).", "",
+             "The ratio of the two medians is beside it (launches before the pairing have only that one)."
+             + (" On a CPU, trainwise's runs keep the memory a step frees (glibc told not to unmap or trim it: "
+                "trainwise/hardware/allocator.py, from commit 0ad8b1f on) and the Trainer's process runs glibc's "
+                "default, which faults a step's freed buffers in afresh; launches before that commit ran both "
+                "under the default." if device == "CPU" else ""), "",
              "| launch | case | plan | steps | samples/s trainwise | runs | spread | samples/s Trainer | runs | spread "
              "| samples/s ratio, paired (measured) | pairs | samples_per_s_ratio of medians | peak allocated trainwise "
              "| peak_memory_ratio | MFU trainwise / Trainer |",
