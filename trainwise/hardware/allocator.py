@@ -6,9 +6,9 @@ most 32 MiB), and gives the top of its heap back to the system once 128 KiB or m
 free there (that limit rising with use too). A training step frees its activations and gradients every step and allocates
 them again the next, so each step touched fresh pages that the kernel had to fault in and
 zero: on this project's 2-core CPU, tiny-llama at 8 x 256 tokens took about 3,000 page
-faults a step and GPT-2 at 4 x 128 about 350,000 (1.4 GB), and keeping the memory made
-both steps about 12 % faster, with no page faults left (benchmarks/allocator_faults.py,
-fresh processes side by side). PyTorch's CPU tuning advice
+faults a step and GPT-2 at 4 x 128 about 360,000 (1.5 GB), and keeping the memory left 0
+or 1 and made the steps 17 % and 13 % faster (`benchmarks/allocator_faults.py --rounds
+5`: the medians of five neighbouring pairs of fresh processes). PyTorch's CPU tuning advice
 is to swap in jemalloc or tcmalloc for this reason; glibc does the same job when told to
 keep what it frees: no mmap for allocations (the heap serves them; a failed heap growth
 still falls back to mmap) and no trimming of the heap's top. The process then keeps its
