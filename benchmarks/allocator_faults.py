@@ -69,12 +69,11 @@ def child(mode: str, case: str, blocks: int) -> dict:
     setting = keep_freed_memory() if mode == "kept" else allocator_in_force()
     import torch
 
-    import trainwise.calibration.host_time as host_time
+    from trainwise.calibration.host_time import reference_step
     from trainwise.plan.plan import Plan
 
     model, batch, seq = parse_case(case)
-    host_time.REFERENCE_MODEL = model  # reference_step builds this module's reference model
-    step = host_time.reference_step(torch.device("cpu"), Plan(batch_size=batch, seq_len=seq, device="cpu"))
+    step = reference_step(torch.device("cpu"), Plan(batch_size=batch, seq_len=seq, device="cpu"), model)
     for _ in range(3):
         step()  # warm-up: optimizer state, first-call costs
     started = time.perf_counter()

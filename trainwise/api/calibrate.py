@@ -100,9 +100,9 @@ def calibrate(device: str = "cpu", out: str | Path | None = None, nproc: int = 1
     settings = QUICK if quick else FULL
     reference = None
     if torch_device.type == "cpu":
-        from trainwise.calibration.host_time import ReferenceSteps
+        from trainwise.calibration.host_time import reference_steps
 
-        reference = ReferenceSteps(torch_device, settings)  # timed between the rates, to meet their speed
+        reference = reference_steps(torch_device, settings)  # timed between the rates, to meet their speed
     rates, spreads, measured = _measure_one_device(torch_device, settings,
                                                    between=reference.time_block if reference else None)
     if nproc > 1:

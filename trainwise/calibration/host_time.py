@@ -10,7 +10,7 @@ trainwise's step does it (a fresh batch, forward with the loss, backward, gradie
 clipping, AdamW foreach, the LR schedule, zero_grad) at two sizes, one whose
 arithmetic is a few percent of the step and one whose arithmetic is most of it (a block of
 each in turn between each of calibrate's rate measurements, so that the steps meet the
-speed the rates were measured at: ReferenceSteps); with the
+speed the rates were measured at: reference_steps); with the
 arithmetic the time model prices at the rates measured in isolation, and the ops the
 traced step dispatches (views at a quarter), the two steps give the two unknowns:
 `step = fixed + factor x other arithmetic + host x ops`, where `fixed` is the work
@@ -58,34 +58,25 @@ CHECKPOINTED = (2, 64)
 REFERENCE_BLOCKS = 5
 
 
-class ReferenceSteps:
-    """The two reference steps (HOST_BOUND, COMPUTE_BOUND), built and warmed once, then timed
-    a block of each at a time, in turn, wherever the caller asks: calibrate takes a block
-    between each of its rate measurements. The factor compares the steps with those rates,
-    and on a VM whose speed moves over tens of seconds (this project's 2-core one: the
-    8 x 256 step 30-42 ms in back-to-back processes) steps timed in one spell and rates in
-    another put the whole change on the factor, the small part of the large step it prices:
-    two quiet calibrations ten minutes apart fitted 2.97 and 7.84. Spread over the span the
-    rates were measured in, the steps' medians meet the rates' speed. Each block times
-    both steps, so their difference, which sets the factor, meets one speed too."""
+class InterleavedSteps:
+    """Training steps of the reference model under each of `plans`, built and warmed once,
+    then timed a block of each at a time, in turn (A, B, A, B, ...), whenever the caller
+    asks: a load that comes and goes slows all of them alike, and block i of one plan may
+    be compared with block i of another. `counts`: steps per block, one per plan."""
 
-    def __init__(self, device: torch.device, settings: Settings):
-        from trainwise.plan.plan import Plan
-
-        self.sizes = (HOST_BOUND, COMPUTE_BOUND)
-        self.plans = [Plan(batch_size=batch_size, seq_len=seq_len, device="cpu") for batch_size, seq_len in self.sizes]
-        self.counts = [max(1, steps_timed(settings, size) // REFERENCE_BLOCKS) for size in self.sizes]
-        self.steps = [reference_step(device, plan) for plan in self.plans]
+    def __init__(self, device: torch.device, plans: list, counts: list[int]):
+        self.plans, self.counts = plans, counts
+        self.steps = [reference_step(device, plan) for plan in plans]
         self.clock = clock_of(synchronizer(device))
         for one_step in self.steps:
             for _ in range(5):
                 one_step()  # warm-up: the optimizer's state, the allocator's caches
-        self.blocks: list[list[float]] = [[] for _ in self.steps]
+        self.blocks: list[list[float]] = [[] for _ in plans]  # seconds per step, per block
         self.taken_at: list[float] = []  # seconds since the steps were built, per block
         self.started = self.clock()
 
     def time_block(self) -> None:
-        """One block of each step, in turn: seconds per step appended to `blocks`."""
+        """One block of each plan's step, in turn."""
         self.taken_at.append(round(self.clock() - self.started, 2))
         for one_step, timed, count in zip(self.steps, self.blocks, self.counts):
             started = self.clock()
@@ -97,8 +88,25 @@ class ReferenceSteps:
         return len(self.taken_at)
 
 
+def reference_steps(device: torch.device, settings: Settings) -> InterleavedSteps:
+    """The two reference steps (HOST_BOUND, COMPUTE_BOUND), ready to be timed a block of each
+    wherever the caller asks: calibrate takes a block between each of its rate
+    measurements. The factor compares the steps with those rates, and on a VM whose speed
+    moves over tens of seconds (this project's 2-core one: the 8 x 256 step 30-42 ms in
+    back-to-back processes) steps timed in one spell and rates in another put the whole
+    change on the factor, the small part of the large step it prices: two quiet
+    calibrations ten minutes apart fitted 2.97 and 7.84. Spread over the span the rates
+    were measured in, the steps' medians meet the rates' speed. Each block times both
+    steps, so their difference, which sets the factor, meets one speed too."""
+    from trainwise.plan.plan import Plan
+
+    sizes = (HOST_BOUND, COMPUTE_BOUND)
+    return InterleavedSteps(device, [Plan(batch_size=b, seq_len=t, device="cpu") for b, t in sizes],
+                            [max(1, steps_timed(settings, size) // REFERENCE_BLOCKS) for size in sizes])
+
+
 def measure_training_host(device: torch.device, measured: DeviceProfile, settings: Settings,
-                          reference: ReferenceSteps | None = None) -> tuple[DeviceProfile, dict]:
+                          reference: InterleavedSteps | None = None) -> tuple[DeviceProfile, dict]:
     """`measured` (the rates already measured; its host_s_per_op is not used) with what a
     training step adds, on the CPU: the contraction factor, the host seconds per op, the
     factor by which the step's other work (not contractions, not the optimizer) runs slower
@@ -114,13 +122,13 @@ def measure_training_host(device: torch.device, measured: DeviceProfile, setting
     contraction, replayed = contraction_factor(device, Plan(batch_size=COMPUTE_BOUND[0], seq_len=COMPUTE_BOUND[1],
                                                             device="cpu"))
     measured = dataclasses.replace(measured, step_contraction_factor=contraction)
-    reference = reference or ReferenceSteps(device, settings)
+    reference = reference or reference_steps(device, settings)
     while reference.taken() < REFERENCE_BLOCKS:
         reference.time_block()
     points = []
-    for (batch_size, seq_len), plan, timed in zip(reference.sizes, reference.plans, reference.blocks):
+    for plan, timed in zip(reference.plans, reference.blocks):
         compute_s, fixed_s, ops = predicted_compute_and_ops(plan, resolve_device("cpu"), measured)
-        points.append({"batch_size": batch_size, "seq_len": seq_len, "step_s": statistics.median(timed),
+        points.append({"batch_size": plan.batch_size, "seq_len": plan.seq_len, "step_s": statistics.median(timed),
                        "arithmetic_s": compute_s, "fixed_s": fixed_s, "ops": ops, "spread": _spread(timed),
                        "blocks_s": timed, "blocks_at_s": reference.taken_at})
     host, factor = host_and_factor(*points, least_host_s=measured.host_s_per_op)
@@ -273,34 +281,24 @@ def time_training_steps(device: torch.device, plan, steps: int) -> tuple[float, 
 
 def time_interleaved_steps(device: torch.device, plans: list, blocks: int, steps: int) -> list[list[float]]:
     """Seconds per training step of each of `plans`, one list per plan of `blocks` blocks of
-    `steps` steps each, the plans' blocks taken in turn (A, B, A, B, ...) so that a load
-    that comes and goes slows all of them alike, and block i of one plan may be compared
-    with block i of another."""
-    one_steps = [reference_step(device, plan) for plan in plans]
-    clock = clock_of(synchronizer(device))
-    for one_step in one_steps:
-        for _ in range(5):
-            one_step()  # warm-up: the optimizer's state, the allocator's caches
-    seconds = [[] for _ in plans]
+    `steps` steps each, the plans' blocks taken in turn (InterleavedSteps)."""
+    interleaved = InterleavedSteps(device, plans, [steps] * len(plans))
     for _ in range(blocks):
-        for one_step, timed in zip(one_steps, seconds):
-            started = clock()
-            for _ in range(steps):
-                one_step()
-            timed.append((clock() - started) / steps)
-    return seconds
+        interleaved.time_block()
+    return interleaved.blocks
 
 
-def reference_step(device: torch.device, plan):
-    """One training step of the reference model under `plan`, as trainwise's step runs it
-    (the plan's checkpointing applied): a function that runs it once."""
+def reference_step(device: torch.device, plan, model: str = REFERENCE_MODEL):
+    """One training step of `model` (a catalog name; the reference model unless told) under
+    `plan`, as trainwise's step runs it (the plan's checkpointing applied): a function that
+    runs it once."""
     from trainwise.engine.schedule import build_scheduler
     from trainwise.models import build_model, example_batch, resolve_model
     from trainwise.techniques.optimizers import build_optimizer
     from trainwise.techniques.precision import precision_policy
     from trainwise.techniques.recipe import compute_loss, prepare_model
 
-    spec = resolve_model(REFERENCE_MODEL)
+    spec = resolve_model(model)
     torch.manual_seed(0)
     model = build_model(spec, device=device, batch_size=plan.batch_size, seq_len=plan.seq_len)
     model = prepare_model(model, plan, precision_policy(plan.precision, device.type))
