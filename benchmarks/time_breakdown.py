@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 python benchmarks/time_breakdown.py tiny-llama --profile cpu.json \
         --batch-size 4 --seq-len 64 [--grad-accum 4] [--grad-ckpt [--grad-ckpt-policy selective]]
-        [--optim adafactor] [--loss fused]
+        [--optim adafactor] [--loss fused] [--precision bf16] [--attention eager] [--top 12]
 
 A diagnostic, not a results page: it trains the plan in this process for a few steps,
 runs torch.profiler over the last ones, and adds the profiler's self CPU time of every
@@ -34,6 +34,9 @@ def parse_args(argv):
     parser.add_argument("--optim", default="adamw")
     parser.add_argument("--loss", default="default", help="default or fused (the chunked linear cross-entropy)")
     parser.add_argument("--grad-ckpt-policy", default="full", help="full or selective (with --grad-ckpt)")
+    parser.add_argument("--precision", default="fp32", help="fp32 or bf16")
+    parser.add_argument("--attention", default="sdpa", help="sdpa or eager")
+    parser.add_argument("--top", type=int, default=0, help="also list the N aten ops with the most self time")
     parser.add_argument("--steps", type=int, default=3, help="profiled steps (after 3 warm-up steps)")
     return parser.parse_args(argv)
 
@@ -50,8 +53,9 @@ def op_class(name: str) -> str:
     return classify(overload)
 
 
-def measure(model: str, plan, steps: int) -> tuple[dict, float]:
-    """({class: [self seconds, calls]}, wall seconds per step) over `steps` profiled steps."""
+def measure(model: str, plan, steps: int) -> tuple[dict, dict, float]:
+    """({class: [self seconds, calls]}, {aten op: [self seconds, calls]}, wall seconds per step)
+    over `steps` profiled steps."""
     import torch.profiler
 
     from trainwise.api import train
@@ -70,12 +74,15 @@ def measure(model: str, plan, steps: int) -> tuple[dict, float]:
 
     train(model, plan=plan, run=RunConfig(steps=warmup + steps + 1), on_step=on_step)
     by_class = collections.defaultdict(lambda: [0.0, 0])
+    by_op = {}
     for event in state["profiler"].key_averages():
         if event.key.startswith("aten::"):
+            seconds, calls = event.self_cpu_time_total / 1e6 / steps, event.count / steps
             row = by_class[op_class(event.key)]
-            row[0] += event.self_cpu_time_total / 1e6 / steps
-            row[1] += event.count / steps
-    return dict(by_class), state["wall"]
+            row[0] += seconds
+            row[1] += calls
+            by_op[event.key] = [seconds, calls]
+    return dict(by_class), by_op, state["wall"]
 
 
 def main(argv=None) -> int:
@@ -86,9 +93,9 @@ def main(argv=None) -> int:
 
     plan = Plan(batch_size=args.batch_size, seq_len=args.seq_len, grad_accum=args.grad_accum,
                 grad_ckpt=args.grad_ckpt, grad_ckpt_policy=args.grad_ckpt_policy, optim=args.optim, loss=args.loss,
-                device="cpu")
+                precision=args.precision, attention=args.attention, device="cpu")
     predicted = estimate(args.model, plan, profile=read_profile(args.profile)).time
-    measured, wall = measure(args.model, plan, args.steps)
+    measured, by_op, wall = measure(args.model, plan, args.steps)
     print(f"predicted step {predicted.step_s * 1e3:.1f} ms; measured wall {wall * 1e3:.1f} ms per step (profiled)")
     for name, seconds in predicted.breakdown.items():
         if seconds:
@@ -98,6 +105,8 @@ def main(argv=None) -> int:
         accounted += seconds
         print(f"  measured  {name:16s} {seconds * 1e3:8.2f} ms  {calls:7.0f} aten calls (self, incl. nested)")
     print(f"  measured  outside aten ops {(wall - accounted) * 1e3:8.2f} ms")
+    for name, (seconds, calls) in sorted(by_op.items(), key=lambda kv: -kv[1][0])[:args.top]:
+        print(f"  op {name:40s} {seconds * 1e3:8.2f} ms  {calls:5.0f} calls  {op_class(name)}")
     return 0
 
 

@@ -233,23 +233,49 @@ def test_calibrate_measures_the_element_wise_rates_in_each_dtype_the_device_runs
 
 def test_a_bf16_add_is_timed_side_by_side_with_an_fp32_one_and_compared_per_byte(monkeypatch):
     """The slowdown is per byte: a bf16 op taking as long as the fp32 one on the same
-    element count moves half the bytes, a ratio of 2."""
+    element count moves half the bytes, a ratio of 2. The two are timed together, fp32
+    first."""
     from trainwise.calibration import memory
     from trainwise.calibration.timing import QUICK, Timing
 
     timed = []
 
-    def time_call(work, sync, settings):
-        dtype = work.__closure__ and next(c.cell_contents for c in work.__closure__
-                                          if isinstance(c.cell_contents, torch.Tensor)).dtype
-        timed.append(dtype)
-        return Timing(1e-5, 0.02)
+    def dtype_of(work):
+        return next(c.cell_contents for c in work.__closure__ if isinstance(c.cell_contents, torch.Tensor)).dtype
 
-    monkeypatch.setattr(memory, "time_call", time_call)
+    def time_side_by_side(works, sync, settings):
+        timed.append(tuple(dtype_of(work) for work in works))
+        return [Timing(1e-5, 0.02), Timing(1e-5, 0.01)]
+
+    monkeypatch.setattr(memory, "time_side_by_side", time_side_by_side)
     ratio, found = memory.measure_bytes_relative("memory", "bf16", torch.device("cpu"), QUICK)
     assert ratio == 2.0 and {pair["ratio"] for pair in found["pairs"]} == {2.0}
-    assert timed.count(torch.float32) == timed.count(torch.bfloat16) == len(found["pairs"]) > 0
+    assert set(timed) == {(torch.float32, torch.bfloat16)} and len(timed) == len(found["pairs"]) > 0
     assert found["spread"] == 0.02
+
+
+def test_side_by_side_timing_takes_the_samples_in_turn_so_a_slow_spell_meets_both():
+    """A machine that slows down half-way: timed one after the other, the second op read
+    as slower than the first though both do the same work; in turn, they read alike."""
+    from trainwise.calibration.timing import Settings, Synchronizer, time_call, time_side_by_side
+
+    now, order = [0.0], []
+    settings = Settings(repeats=6, sample_s=0.0, max_call_s=1.0, quick=True)
+
+    def op(name):
+        def work():
+            order.append(name)
+            now[0] += 1.0 if len(order) <= 8 else 3.0  # the same work, slower after a while
+        return work
+
+    sync = Synchronizer(lambda: None, lambda: now[0])
+    apart = [time_call(op("a"), sync, settings).seconds, time_call(op("b"), sync, settings).seconds]
+    assert apart[1] > 2 * apart[0]
+    now[0], order[:] = 0.0, []
+    first, second = time_side_by_side([op("a"), op("b")], sync, settings)
+    assert first.seconds == second.seconds
+    timed = order[4:]  # after each one's warm-up and first call
+    assert timed == ["a", "b"] * settings.repeats
 
 
 def test_a_large_fp32_matmul_does_more_flops_per_second_than_a_tiny_one(cached_profile):

@@ -14,7 +14,7 @@ import statistics
 
 import torch
 
-from trainwise.calibration.timing import Fit, Settings, fit, measure_sizes, synchronizer, time_call
+from trainwise.calibration.timing import Fit, Settings, fit, measure_sizes, synchronizer, time_call, time_side_by_side
 from trainwise.hardware.profile import Rate
 
 FP32_BYTES = 4
@@ -58,7 +58,8 @@ def measure_bytes(kind: str, device: torch.device, settings: Settings) -> Fit:
 def measure_bytes_relative(kind: str, dtype: str, device: torch.device, settings: Settings) -> tuple[float, dict]:
     """How much longer the ops of `kind` take per byte on `dtype` tensors than on fp32 ones:
     the median, over each op at every other size of the fp32 fit, of the two timed side by
-    side ((seconds / bytes) on `dtype` over the same on fp32); and what was timed.
+    side, their samples taken in turn ((seconds / bytes) on `dtype` over the same on fp32);
+    and what was timed.
 
     A ratio of like ops at like sizes, not a fit of its own: one line through the sizes
     mixes cache-resident and DRAM-bound points and ops of different speed (a bf16 copy is a
@@ -72,7 +73,11 @@ def measure_bytes_relative(kind: str, dtype: str, device: torch.device, settings
         for per_element, op in BYTE_OPS[kind]:
             if n < 1024 and per_element == 5:
                 continue
-            fp32, other = (time_call(_binary(n, device, name, op)(), sync, settings) for name in ("fp32", dtype))
+            # Side by side, sample for sample: timed one after the other, a drift in the
+            # machine's speed between the two went into the ratio (at 4 Mi elements on the
+            # project's 2-core EPYC the same op's ratio read 0.2 in one calibration and 2.8
+            # in another, and the median over the ops moved from 1.5 to 2.6 with it).
+            fp32, other = time_side_by_side([_binary(n, device, name, op)() for name in ("fp32", dtype)], sync, settings)
             pairs.append((n, per_element, other.seconds / fp32.seconds * scale, max(fp32.spread, other.spread)))
     ratio = statistics.median(p[2] for p in pairs)
     return ratio, {"ratio": ratio, "spread": max(p[3] for p in pairs),

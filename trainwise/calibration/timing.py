@@ -78,18 +78,33 @@ def clock_of(sync: Callable[[], None]) -> Callable[[], float]:
 
 def time_call(work: Callable[[], object], sync: Callable[[], None], settings: Settings) -> Timing:
     """Median seconds of one call of `work` over `settings.repeats` samples (after a warm-up)."""
-    work()  # warm-up: first-call costs (allocation, kernel selection) are not the op's
-    calls = max(1, min(10_000, math.ceil(settings.sample_s / max(first_call_seconds(work, sync), 1e-7))))
-    samples, clock = [], clock_of(sync)
+    return time_side_by_side([work], sync, settings)[0]
+
+
+def time_side_by_side(works: list[Callable[[], object]], sync: Callable[[], None],
+                      settings: Settings) -> list[Timing]:
+    """`time_call` of each of `works`, their samples taken in turn (a sample of the first,
+    one of the second, ..., repeated), so that a change in the machine's speed over the
+    seconds they take meets all of them alike: their ratio holds where their separate
+    medians, taken one after the other, would drift apart."""
+    for work in works:
+        work()  # warm-up: first-call costs (allocation, kernel selection) are not the op's
+    calls = [max(1, min(10_000, math.ceil(settings.sample_s / max(first_call_seconds(work, sync), 1e-7))))
+             for work in works]
+    samples, clock = [[] for _ in works], clock_of(sync)
     for _ in range(settings.repeats):
-        sync()
-        started = clock()
-        for _ in range(calls):
-            work()
-        sync()
-        samples.append((clock() - started) / calls)
-    median = statistics.median(samples)
-    return Timing(median, (max(samples) - min(samples)) / median if median > 0 else 0.0)
+        for work, count, taken in zip(works, calls, samples):
+            sync()
+            started = clock()
+            for _ in range(count):
+                work()
+            sync()
+            taken.append((clock() - started) / count)
+    timings = []
+    for taken in samples:
+        median = statistics.median(taken)
+        timings.append(Timing(median, (max(taken) - min(taken)) / median if median > 0 else 0.0))
+    return timings
 
 
 def first_call_seconds(work: Callable[[], object], sync: Callable[[], None]) -> float:
