@@ -6,9 +6,10 @@
 
 A diagnostic, not a results page: it trains the plan in this process for a few steps,
 runs torch.profiler over the last ones, and adds the profiler's self CPU time of every
-aten op up by the op class trainwise/trace/op_costs.py gives it (the op counts too), and
-the wall time the ops do not account for (Python, the training loop, the data). Next to
-it: the time model's prediction of the same plan, per category, and its op counts. The
+aten op up by the op class trainwise/trace/op_costs.py gives it and the dtype it computes
+in (the op counts too), and the wall time the ops do not account for (Python, the training
+loop, the data). Next to it: the time model's prediction of the same plan, per category,
+and per op class and dtype (each row's device seconds as a step runs them, host time apart). The
 profiler's own per-op cost inflates every op a little; the op counts are exact."""
 
 from __future__ import annotations
@@ -53,9 +54,23 @@ def op_class(name: str) -> str:
     return classify(overload)
 
 
+# The profiler's names of an op's input dtypes, as trainwise/trace/op_costs.py names them.
+PROFILER_DTYPES = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16", "double": "fp64"}
+PROFILER_OTHER_DTYPES = {"long int": "int64", "int": "int32", "bool": "bool"}
+
+
+def event_dtype(event) -> str:
+    """The dtype an op computes in, as the op table keys it: its first floating-point input's
+    (the profiler records input dtypes with record_shapes), else its first input's."""
+    names = [name for name in (getattr(event, "input_dtypes", None) or []) if name]
+    floating = [name for name in names if name in PROFILER_DTYPES]
+    first = (floating or names or ["none"])[0]
+    return PROFILER_DTYPES.get(first) or PROFILER_OTHER_DTYPES.get(first, first)
+
+
 def measure(model: str, plan, steps: int) -> tuple[dict, dict, float]:
-    """({class: [self seconds, calls]}, {aten op: [self seconds, calls]}, wall seconds per step)
-    over `steps` profiled steps."""
+    """({(class, dtype): [self seconds, calls]}, {aten op: [self seconds, calls]}, wall
+    seconds per step) over `steps` profiled steps."""
     import torch.profiler
 
     from trainwise.api import train
@@ -65,7 +80,8 @@ def measure(model: str, plan, steps: int) -> tuple[dict, dict, float]:
 
     def on_step(entry):
         if entry.step == warmup:
-            state["profiler"] = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            state["profiler"] = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                                       record_shapes=True)  # for the input dtypes
             state["profiler"].__enter__()
             state["started"] = time.perf_counter()
         elif entry.step == warmup + steps:
@@ -74,15 +90,34 @@ def measure(model: str, plan, steps: int) -> tuple[dict, dict, float]:
 
     train(model, plan=plan, run=RunConfig(steps=warmup + steps + 1), on_step=on_step)
     by_class = collections.defaultdict(lambda: [0.0, 0])
-    by_op = {}
-    for event in state["profiler"].key_averages():
-        if event.key.startswith("aten::"):
-            seconds, calls = event.self_cpu_time_total / 1e6 / steps, event.count / steps
-            row = by_class[op_class(event.key)]
-            row[0] += seconds
-            row[1] += calls
-            by_op[event.key] = [seconds, calls]
-    return dict(by_class), by_op, state["wall"]
+    by_op = collections.defaultdict(lambda: [0.0, 0])
+    for event in state["profiler"].events():
+        if event.name.startswith("aten::"):
+            seconds = event.self_cpu_time_total / 1e6 / steps
+            for row in (by_class[(op_class(event.name), event_dtype(event))], by_op[event.name]):
+                row[0] += seconds
+                row[1] += 1 / steps
+    return dict(by_class), dict(by_op), state["wall"]
+
+
+def predicted_rows(result, plan, profile) -> dict:
+    """{(class, dtype): [device seconds, ops]} of the estimate's op table as a step runs it
+    (trainwise/estimator/step_time.py: priced_rows), the optimizer's rows as one class,
+    over all micro-steps; host time apart."""
+    from trainwise.estimator.step_time import OPTIMIZER_PHASES, priced_rows
+
+    rows = collections.defaultdict(lambda: [0.0, 0])
+    counts = {key: values[0] for table in (result.work.costs.rows, result.work.costs.compiled)
+              for key, values in table.items()}
+    for key, _compiled, _category, seconds in priced_rows(result.work.costs, plan, profile):
+        phase, micro, op_class, dtype = key[:4]
+        if phase == "data":
+            continue
+        times = (1 if micro == 0 else plan.grad_accum - 1) if phase in ("forward", "backward") else 1
+        row = rows[("optimizer" if phase in OPTIMIZER_PHASES else op_class, dtype)]
+        row[0] += seconds * times
+        row[1] += counts[key] * times
+    return dict(rows)
 
 
 def main(argv=None) -> int:
@@ -94,16 +129,21 @@ def main(argv=None) -> int:
     plan = Plan(batch_size=args.batch_size, seq_len=args.seq_len, grad_accum=args.grad_accum,
                 grad_ckpt=args.grad_ckpt, grad_ckpt_policy=args.grad_ckpt_policy, optim=args.optim, loss=args.loss,
                 precision=args.precision, attention=args.attention, device="cpu")
-    predicted = estimate(args.model, plan, profile=read_profile(args.profile)).time
+    profile = read_profile(args.profile)
+    result = estimate(args.model, plan, profile=profile)
+    predicted, rows = result.time, predicted_rows(result, plan, profile)
     measured, by_op, wall = measure(args.model, plan, args.steps)
     print(f"predicted step {predicted.step_s * 1e3:.1f} ms; measured wall {wall * 1e3:.1f} ms per step (profiled)")
     for name, seconds in predicted.breakdown.items():
         if seconds:
             print(f"  predicted {name:16s} {seconds * 1e3:8.2f} ms")
+    print("  per op class and dtype: predicted device seconds (host time apart) | measured self time:")
     accounted = 0.0
-    for name, (seconds, calls) in sorted(measured.items(), key=lambda kv: -kv[1][0]):
+    for key in sorted(set(rows) | set(measured), key=lambda k: -max(rows.get(k, [0])[0], measured.get(k, [0])[0])):
+        (guess, ops), (seconds, calls) = rows.get(key, [0.0, 0]), measured.get(key, [0.0, 0])
         accounted += seconds
-        print(f"  measured  {name:16s} {seconds * 1e3:8.2f} ms  {calls:7.0f} aten calls (self, incl. nested)")
+        print(f"  {key[0]:15s} {key[1]:10s} predicted {guess * 1e3:8.2f} ms ({ops:6.0f} ops) | "
+              f"measured {seconds * 1e3:8.2f} ms ({calls:6.0f} aten calls, self, incl. nested)")
     print(f"  measured  outside aten ops {(wall - accounted) * 1e3:8.2f} ms")
     for name, (seconds, calls) in sorted(by_op.items(), key=lambda kv: -kv[1][0])[:args.top]:
         print(f"  op {name:40s} {seconds * 1e3:8.2f} ms  {calls:5.0f} calls  {op_class(name)}")

@@ -373,6 +373,30 @@ def test_a_rows_dtype_picks_its_element_wise_rate_and_the_optimizer_keeps_its_ow
     assert own["optimizer"] == at_fp32["optimizer"] == pytest.approx(1e6 / 2e8)
 
 
+def test_a_training_steps_slowdown_of_element_wise_work_costs_bf16_bytes_at_fp32s_rate_not_at_bf16s():
+    """The step's slowdown beyond its compute factor (step_non_matmul_factor: cold operands,
+    fresh buffers, fitted on an fp32 step) is paid per byte at fp32's rate; only the
+    cache-hot part is at bf16's own, slower rate. With bf16 half as fast per byte and a
+    step 4 x slower than the rates, a bf16 row takes 2 + 3 = 5 units (not 2 x 4 = 8), an
+    fp32 row 4, the random rows (their own arithmetic) the compute factor alone."""
+    row = [1, 0, 600_000, 400_000]  # one op, 1 MB read + written
+    costs = OpCosts({("forward", 0, "elementwise", "bf16", False, 0): row,
+                     ("backward", 0, "transcendental", "bf16", False, 1): row,
+                     ("forward", 0, "random", "bf16", False, 2): row,
+                     ("forward", 0, "elementwise", "fp32", False, 3): row})
+    profile = dataclasses.replace(PROFILE, memory=Rate(1e9), transcendental=Rate(1e8), random=Rate(1e7),
+                                  step_non_matmul_factor=4.0, step_compute_factor=1.25,
+                                  byte_rates_by_dtype=BF16_RATES)
+    seconds = step_breakdown(costs, {0: 1, 1: 0}, _plan(), profile)["elementwise"]
+    hot = {"memory": 1e6 / 1e9, "transcendental": 1e6 / 1e8}
+    assert seconds == pytest.approx(1.25 * ((2 + 3) * hot["memory"] + (2 + 3) * hot["transcendental"]
+                                            + 2 * 1e6 / 1e7 + 4 * hot["memory"]))
+    # A step no slower than the rates: the dtype's own rate alone, as before.
+    level = step_breakdown(costs, {0: 1, 1: 0}, _plan(), dataclasses.replace(profile, step_non_matmul_factor=1.0))
+    assert level["elementwise"] == pytest.approx(1.25 * (2 * hot["memory"] + 2 * hot["transcendental"]
+                                                         + 2 * 1e6 / 1e7 + hot["memory"]))
+
+
 def test_a_bf16_plans_element_wise_work_takes_twice_as_long_at_half_the_fp32_byte_rate_and_an_older_profile_says_so():
     """tiny-gpt2 in bf16 on the CPU: its bf16 element-wise rows at a bf16 rate half fp32's
     take twice as long, its fp32 rows (the loss, the optimizer) as long as before. An older

@@ -174,8 +174,7 @@ def micro_batch_phase_seconds(costs: OpCosts, plan: Plan, profile: DeviceProfile
     for key, values, compiled in _all_rows(costs):
         phase, micro, op_class = key[0], key[1], key[2]
         if micro == 0 and phase in seconds:
-            seconds[phase] += (_device_seconds(key, values, plan, profile, compiled)[1]
-                               * _step_factor(phase, op_class, profile, compiled))
+            seconds[phase] += _stepped_seconds(key, values, plan, profile, compiled)[1]
     return seconds
 
 
@@ -193,9 +192,7 @@ def step_breakdown(costs: OpCosts, weights: dict[int, int], plan: Plan, profile:
     for key, values, compiled in _all_rows(costs):
         phase, micro, op_class, _dtype, recomputed, _head_dim = key
         times = weights[micro] if phase in ("data", "forward", "backward") else 1
-        category, seconds = _device_seconds(key, values, plan, profile, compiled)
-        if phase != "data":  # a training step's kernels vs one kernel timed alone
-            seconds *= _step_factor(phase, op_class, profile, compiled)
+        category, seconds = _stepped_seconds(key, values, plan, profile, compiled)
         breakdown[category] += seconds * times
         if phase == "data":
             continue  # the batch is ready before the step's ops are queued
@@ -217,6 +214,16 @@ def step_breakdown(costs: OpCosts, weights: dict[int, int], plan: Plan, profile:
     return breakdown
 
 
+def priced_rows(costs: OpCosts, plan: Plan, profile: DeviceProfile):
+    """(key, compiled?, category, seconds) of every row of the op table, each row's device
+    seconds as a training step runs them (`_stepped_seconds`), for one micro-step; host
+    time apart. What `step_breakdown` adds up, row by row (benchmarks/time_breakdown.py
+    sets them beside a profiler's)."""
+    for key, values, compiled in _all_rows(costs):
+        category, seconds = _stepped_seconds(key, values, plan, profile, compiled)
+        yield key, compiled, category, seconds
+
+
 def _all_rows(costs: OpCosts):
     """(key, values, compiled?) of every row: the eager ops', then the compiled regions'."""
     for key, values in costs.rows.items():
@@ -231,6 +238,35 @@ def _compiled_host_s(op_class: str, profile: DeviceProfile) -> float:
     if op_class == "region":
         return profile.compiled_region_host_s
     return profile.compiled_kernel_host_s
+
+
+def _stepped_seconds(key: tuple, values: list[int], plan: Plan, profile: DeviceProfile,
+                     compiled: bool = False) -> tuple[str, float]:
+    """(category, seconds) of one row of the op table as a training step runs it: its
+    device seconds (`_device_seconds`) times the step's slowdown (`_step_factor`); the
+    data's rows as they are (the batch is ready before the step's ops are queued).
+
+    An element-wise row in a dtype with a byte rate of its own (bf16 on a CPU) is slowed
+    by the part of the factor beyond the step's compute factor at fp32's rate, per byte,
+    not at its own. That part is the step's cold operands and fresh buffers (calibrate
+    fits it on an fp32 step, step_non_matmul_factor), and it costs by the byte whatever the
+    dtype; the dtype's own rate is measured on cache-hot tensors, where a CPU core spends
+    about as long converting a bf16 element as an fp32 one, so it is 1.5-2.6 x slower per
+    byte than fp32 there. Multiplying the two priced bf16 element-wise work on the
+    project's 2-core EPYC at 1.55 x what its profiler read in a training step
+    (tiny-gpt2, 2 x 256, bf16: 4.2 ms predicted, 2.7 ms measured; 2.7 ms this way)."""
+    category, seconds = _device_seconds(key, values, plan, profile, compiled)
+    phase, _micro, op_class, dtype = key[:4]
+    if phase == "data":
+        return category, seconds
+    factor = _step_factor(phase, op_class, profile, compiled)
+    kind = _byte_kind(key, values, profile)
+    own = profile.step_compute_factor
+    if (kind in ("memory", "transcendental") and dtype in profile.byte_rates_by_dtype.get(kind, {})
+            and factor != own):
+        fp32 = _seconds(profile.byte_rate(kind, "fp32"), values[0], values[2] + values[3])
+        return category, own * seconds + (factor - own) * fp32
+    return category, seconds * factor
 
 
 def _step_factor(phase: str, op_class: str, profile: DeviceProfile, compiled: bool = False) -> float:
