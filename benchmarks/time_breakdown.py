@@ -102,9 +102,9 @@ def measure(model: str, plan, steps: int) -> tuple[dict, dict, float]:
 
 def predicted_rows(result, plan, profile) -> dict:
     """{(class, dtype): [device seconds, ops]} of the estimate's op table as a step runs it
-    (trainwise/estimator/step_time.py: priced_rows), the optimizer's rows as one class,
+    (trainwise/estimator/row_time.py: priced_rows), the optimizer's rows as one class,
     over all micro-steps; host time apart."""
-    from trainwise.estimator.step_time import OPTIMIZER_PHASES, priced_rows
+    from trainwise.estimator.row_time import OPTIMIZER_PHASES, priced_rows
 
     rows = collections.defaultdict(lambda: [0.0, 0])
     counts = {key: values[0] for table in (result.work.costs.rows, result.work.costs.compiled)

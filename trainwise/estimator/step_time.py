@@ -41,10 +41,12 @@ from typing import Sequence
 
 from trainwise.common.rates import JobRates
 from trainwise.estimator.activation_offload_time import activation_offload_seconds
+from trainwise.estimator.row_time import (CONTRACTIONS, OPTIMIZER_PHASES, all_rows, byte_kind, compute_dtype,
+                                          stepped_seconds)
 from trainwise.estimator.step_work import StepWork, step_work
 from trainwise.hardware import Device
 from trainwise.hardware.peak import peak_flops_for
-from trainwise.hardware.profile import CATALOG_RATES, DeviceProfile, Rate
+from trainwise.hardware.profile import CATALOG_RATES, DeviceProfile
 from trainwise.hardware.rate import stand_in_dtype
 from trainwise.plan.plan import Plan
 from trainwise.trace.depth import DepthFit
@@ -58,10 +60,6 @@ OFF_CRITICAL_PATH = ("communication_overlapped",)
 # Host time of a kernel-less op (a view) next to an op that launches a kernel: 1.7 us vs
 # 6.6 us for a view and an add of an 8x8 tensor, eager, on this project's 2-core CPU.
 METADATA_HOST_SHARE = 0.25
-# Tensor contractions: slowed in a training step by the profile's step_contraction_factor,
-# every other op class by its step_non_matmul_factor (the optimizer: see _step_factor).
-CONTRACTIONS = ("matmul", "attention")
-OPTIMIZER_PHASES = ("optimizer", "zero_grad")
 # Dtypes of element-wise work that calibrate measures rates of its own for, on the CPU
 # (trainwise/calibration/memory.py); other rows (fp32, integer, bool) are priced at fp32's.
 ELEMENTWISE_DTYPES = ("bf16",)
@@ -135,7 +133,7 @@ def matmul_rate_notes(costs: OpCosts, plan: Plan, profile: DeviceProfile) -> lis
     """Where the matmul rates came from: an fp8 rate (--float8) measured or the catalog's,
     and any dtype the profile has no rate for, priced at a stand-in's rate instead
     (hardware/rate.py: stand_in_dtype)."""
-    dtypes = {_compute_dtype(key[3], plan) for key, values, _ in _all_rows(costs)
+    dtypes = {compute_dtype(key[3], plan) for key, values, _ in all_rows(costs)
               if key[2] in CONTRACTIONS and values[1] > 0}
     origin = f"measured (the profile {profile.source})" if profile.rates_measured else CATALOG_RATES
     notes = []
@@ -157,8 +155,8 @@ def byte_rate_notes(costs: OpCosts, profile: DeviceProfile) -> list[str]:
     if profile.kind != "cpu":
         return []
     missing: dict[str, set[str]] = {}
-    for key, values, _compiled in _all_rows(costs):
-        dtype, kind = key[3], _byte_kind(key, values, profile)
+    for key, values, _compiled in all_rows(costs):
+        dtype, kind = key[3], byte_kind(key, values, profile)
         if (kind is not None and dtype in ELEMENTWISE_DTYPES and values[2] + values[3] > 0
                 and dtype not in profile.byte_rates_by_dtype.get(kind, {})):
             missing.setdefault(dtype, set()).add(kind)
@@ -171,10 +169,10 @@ def micro_batch_phase_seconds(costs: OpCosts, plan: Plan, profile: DeviceProfile
     """Device seconds of the first micro-batch's forward and backward (recomputation in
     backward), as step_breakdown prices them."""
     seconds = {"forward": 0.0, "backward": 0.0}
-    for key, values, compiled in _all_rows(costs):
+    for key, values, compiled in all_rows(costs):
         phase, micro, op_class = key[0], key[1], key[2]
         if micro == 0 and phase in seconds:
-            seconds[phase] += _stepped_seconds(key, values, plan, profile, compiled)[1]
+            seconds[phase] += stepped_seconds(key, values, plan, profile, compiled)[1]
     return seconds
 
 
@@ -189,10 +187,10 @@ def step_breakdown(costs: OpCosts, weights: dict[int, int], plan: Plan, profile:
     breakdown = dict.fromkeys(CATEGORIES, 0.0)
     device_by_group: dict[tuple[str, int], float] = {}
     host_by_group: dict[tuple[str, int], float] = {}
-    for key, values, compiled in _all_rows(costs):
+    for key, values, compiled in all_rows(costs):
         phase, micro, op_class, _dtype, recomputed, _head_dim = key
         times = weights[micro] if phase in ("data", "forward", "backward") else 1
-        category, seconds = _stepped_seconds(key, values, plan, profile, compiled)
+        category, seconds = stepped_seconds(key, values, plan, profile, compiled)
         breakdown[category] += seconds * times
         if phase == "data":
             continue  # the batch is ready before the step's ops are queued
@@ -214,76 +212,12 @@ def step_breakdown(costs: OpCosts, weights: dict[int, int], plan: Plan, profile:
     return breakdown
 
 
-def priced_rows(costs: OpCosts, plan: Plan, profile: DeviceProfile):
-    """(key, compiled?, category, seconds) of every row of the op table, each row's device
-    seconds as a training step runs them (`_stepped_seconds`), for one micro-step; host
-    time apart. What `step_breakdown` adds up, row by row (benchmarks/time_breakdown.py
-    sets them beside a profiler's)."""
-    for key, values, compiled in _all_rows(costs):
-        category, seconds = _stepped_seconds(key, values, plan, profile, compiled)
-        yield key, compiled, category, seconds
-
-
-def _all_rows(costs: OpCosts):
-    """(key, values, compiled?) of every row: the eager ops', then the compiled regions'."""
-    for key, values in costs.rows.items():
-        yield key, values, False
-    for key, values in costs.compiled.items():
-        yield key, values, True
-
-
 def _compiled_host_s(op_class: str, profile: DeviceProfile) -> float:
     """Host seconds of one call into a compiled region (op class "region": guards and the
     compiled wrapper's entry) or of one kernel its generated code launches."""
     if op_class == "region":
         return profile.compiled_region_host_s
     return profile.compiled_kernel_host_s
-
-
-def _stepped_seconds(key: tuple, values: list[int], plan: Plan, profile: DeviceProfile,
-                     compiled: bool = False) -> tuple[str, float]:
-    """(category, seconds) of one row of the op table as a training step runs it: its
-    device seconds (`_device_seconds`) times the step's slowdown (`_step_factor`); the
-    data's rows as they are (the batch is ready before the step's ops are queued).
-
-    An element-wise row in a dtype with a byte rate of its own (bf16 on a CPU) is slowed
-    by the part of the factor beyond the step's compute factor at fp32's rate, per byte,
-    not at its own. That part is the step's cold operands and fresh buffers (calibrate
-    fits it on an fp32 step, step_non_matmul_factor), and it costs by the byte whatever the
-    dtype; the dtype's own rate is measured on cache-hot tensors, where a CPU core spends
-    about as long converting a bf16 element as an fp32 one, so it is 1.5-2.6 x slower per
-    byte than fp32 there. Multiplying the two priced bf16 element-wise work on the
-    project's 2-core EPYC at 1.55 x what its profiler read in a training step
-    (tiny-gpt2, 2 x 256, bf16: 4.2 ms predicted, 2.7 ms measured; 2.7 ms this way)."""
-    category, seconds = _device_seconds(key, values, plan, profile, compiled)
-    phase, _micro, op_class, dtype = key[:4]
-    if phase == "data":
-        return category, seconds
-    factor = _step_factor(phase, op_class, profile, compiled)
-    kind = _byte_kind(key, values, profile)
-    own = profile.step_compute_factor
-    if (kind in ("memory", "transcendental") and dtype in profile.byte_rates_by_dtype.get(kind, {})
-            and factor != own):
-        fp32 = _seconds(profile.byte_rate(kind, "fp32"), values[0], values[2] + values[3])
-        return category, own * seconds + (factor - own) * fp32
-    return category, seconds * factor
-
-
-def _step_factor(phase: str, op_class: str, profile: DeviceProfile, compiled: bool = False) -> float:
-    """How much slower a training step runs an op of `op_class` than the profile's rate
-    (`compiled`: a compiled region's row)."""
-    if op_class in CONTRACTIONS:
-        return profile.step_compute_factor * profile.step_contraction_factor
-    if phase in OPTIMIZER_PHASES and profile.optimizer is not None:
-        return profile.step_compute_factor  # its rate was measured on a real optimizer step
-    # A row priced at a measured random rate: the eager one, or in a compiled region the
-    # compiled one (which falls back to the eager one).
-    if op_class == "random" and (profile.random is not None or (compiled and profile.compiled_random is not None)):
-        # The generator's arithmetic, not cold operands or fresh buffers, sets its pace (40x
-        # an add's per element): the element-wise factor, fitted on a step without dropout,
-        # is not its slowdown. The same holds inside a compiled kernel (its own rate, below).
-        return profile.step_compute_factor
-    return profile.step_compute_factor * profile.step_non_matmul_factor
 
 
 def _host_s_per_op(recomputed: bool, plan: Plan, profile: DeviceProfile) -> float:
@@ -294,69 +228,12 @@ def _host_s_per_op(recomputed: bool, plan: Plan, profile: DeviceProfile) -> floa
     return profile.host_s_per_op
 
 
-def _device_seconds(key: tuple, values: list[int], plan: Plan, profile: DeviceProfile,
-                    compiled: bool = False) -> tuple[str, float]:
-    """(category, device seconds) of one row of the op table (`compiled`: a compiled
-    region's row)."""
-    phase, _micro, op_class, dtype, recomputed, head_dim = key
-    ops, flops, read, written = values
-    if phase == "data":
-        # The synthetic batch is made on the host and copied over PCIe; on the CPU it is
-        # already where the step runs.
-        link = profile.host_to_device
-        return "data", _seconds(link, ops, written) if profile.kind == "cuda" and link else 0.0
-    kind = _byte_kind(key, values, profile)
-    if kind == "random" and compiled:
-        # Inductor draws a compiled region's random numbers in the fused kernel with a
-        # generator of its own, on every thread: not eager bernoulli_'s pace (one thread).
-        seconds = _seconds(profile.compiled_random_rate(dtype), ops, read + written)
-    elif kind is not None:  # the row's own dtype's rate: bf16 moves fewer bytes a second on a CPU core
-        seconds = _seconds(profile.byte_rate(kind, dtype), ops, read + written)
-    elif op_class in CONTRACTIONS and flops > 0:
-        compute = _compute_dtype(dtype, plan)
-        rate = profile.matmul_rate(compute) if op_class == "matmul" else profile.attention_rate(compute, head_dim)
-        seconds = _seconds(rate, ops, flops)
-    elif phase in OPTIMIZER_PHASES and profile.optimizer is not None:
-        seconds = _seconds(profile.optimizer, ops, read + written)
-    else:  # metadata, region calls: host time only
-        seconds = 0.0
-    if phase in OPTIMIZER_PHASES:
-        return "optimizer", seconds
-    if recomputed:
-        return "recompute", seconds
-    # metadata: host time only; transcendental ops are element-wise work at their own rate.
-    return ("elementwise" if op_class in ("metadata", "region", "transcendental", "random") else op_class), seconds
-
-
-def _byte_kind(key: tuple, values: list[int], profile: DeviceProfile) -> str | None:
-    """The profile's rate on bytes (BYTE_KINDS) that prices a row of the op table; None
-    where another does (the data's link, the contractions' FLOP rates, the optimizer's own)
-    or none (metadata, region calls)."""
-    phase, _micro, op_class = key[:3]
-    if (phase == "data" or op_class in ("metadata", "region") or (op_class in CONTRACTIONS and values[1] > 0)
-            or (phase in OPTIMIZER_PHASES and profile.optimizer is not None)):
-        return None
-    return op_class if op_class in ("transcendental", "random") else "memory"
-
-
-def _seconds(rate: Rate, ops: int, amount: int) -> float:
-    """`ops` ops of `amount` in all at `rate` (each pays the fixed cost once)."""
-    return ops * rate.fixed_s + amount / rate.per_s if amount > 0 else 0.0
-
-
-def _compute_dtype(dtype: str, plan: Plan) -> str:
-    """The rate a matmul on `dtype` tensors runs at: fp32 under --precision tf32 is tf32."""
-    if dtype == "fp32":
-        return "tf32" if plan.precision == "tf32" else "fp32"
-    return dtype if dtype in ("bf16", "fp16", "fp8") else "fp32"
-
-
 def _model_flops(costs: OpCosts, weights: dict[int, int]) -> int:
     """Model FLOPs of one step as trainwise/trace/flops.py counts them: matmuls of forward
     and backward (no recomputation) and attention as 3x its forward (backward is twice the
     forward; the kernels' own recomputation is not model work)."""
     total = 0
-    for (phase, micro, op_class, _dtype, recomputed, _head_dim), values, _compiled in _all_rows(costs):
+    for (phase, micro, op_class, _dtype, recomputed, _head_dim), values, _compiled in all_rows(costs):
         if recomputed or phase not in ("forward", "backward"):
             continue
         if op_class == "matmul":
