@@ -35,9 +35,9 @@ REGION_CALLS = 2  # forward and backward
 
 
 class _Block(torch.nn.Module):
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, width: int = WIDTH):
         super().__init__()
-        self.weight = torch.nn.Parameter(torch.randn(WIDTH, WIDTH, device=device) / WIDTH)
+        self.weight = torch.nn.Parameter(torch.randn(width, width, device=device) / width)
 
     def forward(self, x):
         x = x @ self.weight
@@ -57,7 +57,7 @@ def measure_compiled_host(device: torch.device, profile: DeviceProfile, settings
     import torch._dynamo
 
     try:
-        points = _timed_chains(device, settings)
+        points = timed_chains(device, settings)
     except Exception as err:  # noqa: BLE001 - inductor fails in many ways without its toolchain
         reason = (str(err).strip().splitlines() or [""])[0][:200]
         return {"points": [], "kernels_per_block": KERNELS_PER_BLOCK, "kernel_s": None, "region_s": None,
@@ -67,14 +67,15 @@ def measure_compiled_host(device: torch.device, profile: DeviceProfile, settings
     return compiled_host_costs(points, block_device_seconds(profile) if device.type == "cpu" else 0.0)
 
 
-def _timed_chains(device: torch.device, settings: Settings) -> list[tuple[int, float]]:
-    """(blocks, seconds of one forward and backward) of each compiled chain."""
+def timed_chains(device: torch.device, settings: Settings, width: int = WIDTH) -> list[tuple[int, float]]:
+    """(blocks, seconds of one forward and backward) of each compiled chain of `width` x
+    `width` blocks (calibrate's: WIDTH; benchmarks/compiled_kernel_sizes.py tries others)."""
     sync, points = synchronizer(device), []
     for blocks in block_counts(settings):
-        chain = torch.nn.Sequential(*(_Block(device) for _ in range(blocks)))
+        chain = torch.nn.Sequential(*(_Block(device, width) for _ in range(blocks)))
         compiled = torch.compile(chain)
-        x = torch.randn(WIDTH, WIDTH, device=device, requires_grad=True)
-        inputs, grad = [x, *chain.parameters()], torch.ones(WIDTH, WIDTH, device=device)
+        x = torch.randn(width, width, device=device, requires_grad=True)
+        inputs, grad = [x, *chain.parameters()], torch.ones(width, width, device=device)
 
         def step():
             torch.autograd.grad(compiled(x), inputs, grad)
@@ -84,12 +85,12 @@ def _timed_chains(device: torch.device, settings: Settings) -> list[tuple[int, f
     return points
 
 
-def block_device_seconds(profile: DeviceProfile) -> float:
+def block_device_seconds(profile: DeviceProfile, width: int = WIDTH) -> float:
     """What the time model prices one block's kernels at, device work only: the matmuls at
     the fp32 rate, the fused kernels at the memory rate on the bytes they read and write."""
     matmul, element = profile.matmul_rate("fp32"), profile.memory
-    fused_bytes = 4 * WIDTH * WIDTH * 4  # forward reads x, writes y; backward reads two, writes one
-    return (MATMULS_PER_BLOCK * matmul.seconds(2 * WIDTH**3)
+    fused_bytes = 4 * width * width * 4  # forward reads x, writes y; backward reads two, writes one
+    return (MATMULS_PER_BLOCK * matmul.seconds(2 * width**3)
             + FUSED_PER_BLOCK * element.fixed_s + fused_bytes / element.per_s)
 
 
