@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import sys
 import time
 
@@ -42,6 +43,7 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
+@functools.lru_cache(maxsize=None)  # once per op name, not once per profiled event
 def op_class(name: str) -> str:
     import torch
 
@@ -105,18 +107,18 @@ def predicted_rows(result, plan, profile) -> dict:
     (trainwise/estimator/row_time.py: priced_rows), the optimizer's rows as one class,
     over all micro-steps; host time apart."""
     from trainwise.estimator.row_time import OPTIMIZER_PHASES, priced_rows
+    from trainwise.estimator.step_time import micro_step_weights
 
     rows = collections.defaultdict(lambda: [0.0, 0])
-    counts = {key: values[0] for table in (result.work.costs.rows, result.work.costs.compiled)
-              for key, values in table.items()}
-    for key, _compiled, _category, seconds in priced_rows(result.work.costs, plan, profile):
+    weights = micro_step_weights(plan.grad_accum, 1)
+    for key, values, _compiled, _category, seconds in priced_rows(result.work.costs, plan, profile):
         phase, micro, op_class, dtype = key[:4]
         if phase == "data":
             continue
-        times = (1 if micro == 0 else plan.grad_accum - 1) if phase in ("forward", "backward") else 1
+        times = weights[micro] if phase in ("forward", "backward") else 1
         row = rows[("optimizer" if phase in OPTIMIZER_PHASES else op_class, dtype)]
         row[0] += seconds * times
-        row[1] += counts[key] * times
+        row[1] += values[0] * times
     return dict(rows)
 
 

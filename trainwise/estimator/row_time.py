@@ -18,13 +18,13 @@ OPTIMIZER_PHASES = ("optimizer", "zero_grad")
 
 
 def priced_rows(costs: OpCosts, plan: Plan, profile: DeviceProfile):
-    """(key, compiled?, category, seconds) of every row of the op table, each row's device
-    seconds as a training step runs them (`stepped_seconds`), for one micro-step; host
-    time apart. What `step_breakdown` adds up, row by row (benchmarks/time_breakdown.py
+    """(key, values, compiled?, category, seconds) of every row of the op table, each row's
+    device seconds as a training step runs them (`stepped_seconds`), for one micro-step;
+    host time apart. What `step_breakdown` adds up, row by row (benchmarks/time_breakdown.py
     sets them beside a profiler's)."""
     for key, values, compiled in all_rows(costs):
         category, seconds = stepped_seconds(key, values, plan, profile, compiled)
-        yield key, compiled, category, seconds
+        yield key, values, compiled, category, seconds
 
 
 def all_rows(costs: OpCosts):

@@ -107,7 +107,7 @@ def price_step(work: StepWork, plan: Plan, device: Device, profile: DeviceProfil
     """The step time of `work` on `device` at `profile`'s rates. `chunks`: traced
     forward-backward passes per micro-step (pipeline chunks of one rank)."""
     costs = work.costs
-    weights = _micro_step_weights(plan.grad_accum, chunks)
+    weights = micro_step_weights(plan.grad_accum, chunks)
     breakdown = step_breakdown(costs, weights, plan, profile)
     notes = [COMPILED_NOTE.format(scope=plan.compile_scope, host=compiled_host_text(profile))] if plan.compile else []
     notes += matmul_rate_notes(costs, plan, profile)
@@ -170,13 +170,13 @@ def micro_batch_phase_seconds(costs: OpCosts, plan: Plan, profile: DeviceProfile
     backward), as step_breakdown prices them."""
     seconds = {"forward": 0.0, "backward": 0.0}
     for key, values, compiled in all_rows(costs):
-        phase, micro, op_class = key[0], key[1], key[2]
+        phase, micro = key[0], key[1]
         if micro == 0 and phase in seconds:
             seconds[phase] += stepped_seconds(key, values, plan, profile, compiled)[1]
     return seconds
 
 
-def _micro_step_weights(grad_accum: int, chunks: int) -> dict[int, int]:
+def micro_step_weights(grad_accum: int, chunks: int) -> dict[int, int]:
     """How many times each traced micro-step's work runs in one step: the first once, the
     second for every later one (times the pipeline chunks of each)."""
     return {0: chunks, 1: chunks * (grad_accum - 1)}
