@@ -48,8 +48,9 @@ def stepped_seconds(key: tuple, values: list[int], plan: Plan, profile: DevicePr
     dtype; the dtype's own rate is measured on cache-hot tensors, where a CPU core spends
     about as long converting a bf16 element as an fp32 one, so it is 1.5-2.6 x slower per
     byte than fp32 there. Multiplying the two priced bf16 element-wise work on the
-    project's 2-core EPYC at 1.55 x what its profiler read in a training step
-    (tiny-gpt2, 2 x 256, bf16: 4.2 ms predicted, 2.7 ms measured; 2.7 ms this way)."""
+    project's 2-core EPYC far above what its profiler read in a training step (tiny-gpt2,
+    2 x 256, bf16, eager attention: 4.2 ms predicted that way, 2.7 ms this way, 2.3-2.6 ms
+    measured in two runs of benchmarks/time_breakdown.py)."""
     category, seconds = device_seconds(key, values, plan, profile, compiled)
     phase, _micro, op_class, dtype = key[:4]
     if phase == "data":
