@@ -6,7 +6,8 @@ What is measured (trainwise/calibration/), each fitted to a Rate
 transcendental element-wise ops, drawing random numbers (dropout's mask), these three in
 fp32 and in each other element-wise dtype the device runs (bf16; fp16 on a GPU), the eager
 per-op host cost, the AdamW step, the host time per kernel and per region call under
-torch.compile (not under `quick`: it compiles), a compiled dropout's random numbers (one
+torch.compile (not under `quick`: it compiles; on the CPU read off the reference model's
+compiled training steps, calibration/compiled_steps.py), a compiled dropout's random numbers (one
 compilation, under `quick` too), on a GPU the fp8 matmul (compute
 capability 8.9+), copies between pinned host memory and the device both ways, and the
 device memory held outside the caching allocator (the CUDA context), and under `nproc` > 1
@@ -126,6 +127,8 @@ def calibrate(device: str = "cpu", out: str | Path | None = None, nproc: int = 1
     profile = _with_context(profile, torch_device)
     profile = _with_compiled_host(profile, torch_device, settings)
     profile = _with_compiled_random(profile, torch_device, settings, spreads)
+    if target.kind == "cpu":
+        profile = _with_compiled_steps(profile, torch_device, settings)
     _time_steadiness(profile, torch_device, settings)  # last: it times again what was fitted first
     seconds = round(time.perf_counter() - started, 1)
     measured.update(_provenance(target, nproc, quick, settings, seconds, load_start, spreads))
@@ -221,6 +224,24 @@ def _with_compiled_host(profile: DeviceProfile, device, settings) -> DeviceProfi
     profile.measured["compiled_host"] = found
     return dataclasses.replace(profile, host_s_per_compiled_kernel=found["kernel_s"],
                                host_s_per_compiled_region=found["region_s"])
+
+
+def _with_compiled_steps(profile: DeviceProfile, device, settings) -> DeviceProfile:
+    """On the CPU, the host seconds per compiled kernel and region call as the reference
+    model's compiled training steps pay them (calibration/compiled_steps.py), in place of
+    the chain's where fitted; what was timed, or why not, in `measured.compiled_steps`."""
+    if settings.quick:
+        profile.measured["compiled_steps"] = {"why": "not measured under --quick (it compiles the reference model "
+                                                     "twice): the compiled chain's figures stand"}
+        return profile
+    from trainwise.calibration.compiled_steps import measure_compiled_steps
+
+    found = measure_compiled_steps(device, profile, settings)
+    profile.measured["compiled_steps"] = found
+    fitted = {field: found[key] for field, key in (("host_s_per_compiled_kernel", "kernel_s"),
+                                                   ("host_s_per_compiled_region", "region_s"))
+              if found[key] is not None}
+    return dataclasses.replace(profile, **fitted)
 
 
 def _with_compiled_random(profile: DeviceProfile, device, settings, spreads: dict) -> DeviceProfile:

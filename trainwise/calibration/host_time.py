@@ -290,8 +290,9 @@ def time_interleaved_steps(device: torch.device, plans: list, blocks: int, steps
 
 def reference_step(device: torch.device, plan, model: str = REFERENCE_MODEL):
     """One training step of `model` (a catalog name; the reference model unless told) under
-    `plan`, as trainwise's step runs it (the plan's checkpointing applied): a function that
-    runs it once."""
+    `plan`, as trainwise's step runs it (the plan's checkpointing and compilation applied):
+    a function that runs it once (the first run compiles)."""
+    from trainwise.engine.compile_regions import compile_model_parts
     from trainwise.engine.schedule import build_scheduler
     from trainwise.models import build_model, example_batch, resolve_model
     from trainwise.techniques.optimizers import build_optimizer
@@ -304,10 +305,11 @@ def reference_step(device: torch.device, plan, model: str = REFERENCE_MODEL):
     model = prepare_model(model, plan, precision_policy(plan.precision, device.type))
     optimizer = build_optimizer(plan, model, device.type)
     scheduler = build_scheduler(optimizer, 10**6, 0, plan.lr_schedule)
+    forward = compile_model_parts([model], plan, in_place=False)[0]  # the model itself without --compile
 
     def one_step():
         batch = {k: v.to(device) for k, v in example_batch(spec, plan.batch_size, plan.seq_len).items()}
-        loss = compute_loss(model, batch)
+        loss = compute_loss(forward, batch)
         loss.backward()
         # Nothing is read back: trainwise's loop leaves the loss and the gradient norm on
         # the device and reads them every --log-every steps (engine/pending_steps.py).

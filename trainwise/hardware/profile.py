@@ -46,7 +46,8 @@ CORRECTIONS_OVER_CATALOG = "corrections over catalog"
 # launched by inductor's generated wrapper, and one call into a compiled region (guards,
 # AOTAutograd's runtime wrapper, its autograd node), forward and backward each. Used where
 # a profile has no measurement of its own (catalog profiles, older files, --quick ones):
-# `trainwise calibrate` measures the pair (trainwise/calibration/compiled_host.py). The CPU
+# `trainwise calibrate` measures the pair (trainwise/calibration/compiled_host.py; on the
+# CPU from the reference model's compiled training steps, compiled_steps.py). The CPU
 # pair was set from a one-off timing on the project's 2-core CPU (a compiled chain of
 # matmul + element-wise blocks at 2 and 12 blocks: about 21.5 us more per block of about
 # five kernels, about 140 us more per step over two region calls); the CUDA pair is a guess
