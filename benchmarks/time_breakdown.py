@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=1 python benchmarks/time_breakdown.py tiny-llama --profile cpu.json \
         --batch-size 4 --seq-len 64 [--grad-accum 4] [--grad-ckpt [--grad-ckpt-policy selective]]
         [--optim adafactor] [--loss fused] [--precision bf16] [--attention eager] [--top 12]
+        [--compile [--compile-scope model]]
 
 A diagnostic, not a results page: it trains the plan in this process for a few steps,
 runs torch.profiler over the last ones, and adds the profiler's self CPU time of every
@@ -10,7 +11,13 @@ aten op up by the op class trainwise/trace/op_costs.py gives it and the dtype it
 in (the op counts too), and the wall time the ops do not account for (Python, the training
 loop, the data). Next to it: the time model's prediction of the same plan, per category,
 and per op class and dtype (each row's device seconds as a step runs them, host time apart). The
-profiler's own per-op cost inflates every op a little; the op counts are exact."""
+profiler's own per-op cost inflates every op a little; the op counts are exact.
+
+With --compile, inductor's generated kernels are recorded too (its cpp.enable_kernel_profile):
+they are set beside the compiled regions' fused rows ("compiled kernel"), and the self time of
+the compiled machinery around them (the Dynamo cache lookup, the compiled region's entry,
+AOTAutograd's autograd function forward and backward, the generated wrapper's Python) beside
+the host time the model prices per kernel and per region call ("compiled host")."""
 
 from __future__ import annotations
 
@@ -40,6 +47,8 @@ def parse_args(argv):
     parser.add_argument("--attention", default="sdpa", help="sdpa or eager")
     parser.add_argument("--top", type=int, default=0, help="also list the N aten ops with the most self time")
     parser.add_argument("--steps", type=int, default=3, help="profiled steps (after 3 warm-up steps)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (inductor's kernels profiled)")
+    parser.add_argument("--compile-scope", default="blocks", help="blocks or model (with --compile)")
     return parser.parse_args(argv)
 
 
@@ -59,6 +68,11 @@ def op_class(name: str) -> str:
 # The profiler's names of an op's input dtypes, as trainwise/trace/op_costs.py names them.
 PROFILER_DTYPES = {"float": "fp32", "c10::BFloat16": "bf16", "c10::Half": "fp16", "double": "fp64"}
 PROFILER_OTHER_DTYPES = {"long int": "int64", "int": "int32", "bool": "bool"}
+# The profiler's events of the compiled machinery around inductor's kernels (their self
+# time: what the model prices as host time per kernel and per region call).
+COMPILED_HOST_EVENTS = ("Torch-Compiled Region", "TorchDynamo Cache Lookup", "CompiledFunction",
+                        "## Call CompiledFxGraph", "AOTDispatcher Runtime Wrapper", "Pregraph bytecode")
+COMPILED_KERNEL, COMPILED_HOST = ("compiled kernel", "fused"), ("compiled host", "-")
 
 
 def event_dtype(event) -> str:
@@ -75,6 +89,11 @@ def measure(model: str, plan, steps: int) -> tuple[dict, dict, float]:
     seconds per step) over `steps` profiled steps."""
     import torch.profiler
 
+    if plan.compile:
+        import torch._inductor.config
+
+        torch._inductor.config.cpp.enable_kernel_profile = True  # each generated kernel an event,
+        torch._inductor.config.force_disable_caches = True  # not code cached without the events
     from trainwise.api import train
     from trainwise.engine.run_config import RunConfig
 
@@ -94,29 +113,44 @@ def measure(model: str, plan, steps: int) -> tuple[dict, dict, float]:
     by_class = collections.defaultdict(lambda: [0.0, 0])
     by_op = collections.defaultdict(lambda: [0.0, 0])
     for event in state["profiler"].events():
+        seconds = event.self_cpu_time_total / 1e6 / steps
         if event.name.startswith("aten::"):
-            seconds = event.self_cpu_time_total / 1e6 / steps
-            for row in (by_class[(op_class(event.name), event_dtype(event))], by_op[event.name]):
-                row[0] += seconds
-                row[1] += 1 / steps
+            rows = (by_class[(op_class(event.name), event_dtype(event))], by_op[event.name])
+        elif "cpp_fused" in event.name:  # graph_N_cpp_fused_...: a generated kernel
+            rows = (by_class[COMPILED_KERNEL],)
+        elif event.name.startswith(COMPILED_HOST_EVENTS):
+            rows = (by_class[COMPILED_HOST],)
+        else:
+            continue
+        for row in rows:
+            row[0] += seconds
+            row[1] += 1 / steps
     return dict(by_class), dict(by_op), state["wall"]
 
 
 def predicted_rows(result, plan, profile) -> dict:
     """{(class, dtype): [device seconds, ops]} of the estimate's op table as a step runs it
     (trainwise/estimator/row_time.py: priced_rows), the optimizer's rows as one class,
-    over all micro-steps; host time apart."""
-    from trainwise.estimator.row_time import OPTIMIZER_PHASES, priced_rows
+    over all micro-steps; host time apart, but for the compiled regions' (per kernel and per
+    region call: COMPILED_HOST); their fused rows are one class (COMPILED_KERNEL)."""
+    from trainwise.estimator.row_time import CONTRACTIONS, OPTIMIZER_PHASES, priced_rows
     from trainwise.estimator.step_time import micro_step_weights
 
     rows = collections.defaultdict(lambda: [0.0, 0])
     weights = micro_step_weights(plan.grad_accum, 1)
-    for key, values, _compiled, _category, seconds in priced_rows(result.work.costs, plan, profile):
+    for key, values, compiled, _category, seconds in priced_rows(result.work.costs, plan, profile):
         phase, micro, op_class, dtype = key[:4]
         if phase == "data":
             continue
         times = weights[micro] if phase in ("forward", "backward") else 1
-        row = rows[("optimizer" if phase in OPTIMIZER_PHASES else op_class, dtype)]
+        if compiled:
+            host = profile.compiled_region_host_s if op_class == "region" else profile.compiled_kernel_host_s
+            rows[COMPILED_HOST][0] += values[0] * host * times
+            rows[COMPILED_HOST][1] += values[0] * times
+            if op_class == "region":
+                continue  # host time only
+        fused = compiled and op_class not in CONTRACTIONS
+        row = rows[COMPILED_KERNEL if fused else ("optimizer" if phase in OPTIMIZER_PHASES else op_class, dtype)]
         row[0] += seconds * times
         row[1] += values[0] * times
     return dict(rows)
@@ -130,7 +164,8 @@ def main(argv=None) -> int:
 
     plan = Plan(batch_size=args.batch_size, seq_len=args.seq_len, grad_accum=args.grad_accum,
                 grad_ckpt=args.grad_ckpt, grad_ckpt_policy=args.grad_ckpt_policy, optim=args.optim, loss=args.loss,
-                precision=args.precision, attention=args.attention, device="cpu")
+                precision=args.precision, attention=args.attention, device="cpu", compile=args.compile,
+                compile_scope=args.compile_scope)
     profile = read_profile(args.profile)
     result = estimate(args.model, plan, profile=profile)
     predicted, rows = result.time, predicted_rows(result, plan, profile)
@@ -145,7 +180,7 @@ def main(argv=None) -> int:
         (guess, ops), (seconds, calls) = rows.get(key, [0.0, 0]), measured.get(key, [0.0, 0])
         accounted += seconds
         print(f"  {key[0]:15s} {key[1]:10s} predicted {guess * 1e3:8.2f} ms ({ops:6.0f} ops) | "
-              f"measured {seconds * 1e3:8.2f} ms ({calls:6.0f} aten calls, self, incl. nested)")
+              f"measured {seconds * 1e3:8.2f} ms ({calls:6.0f} calls, self, incl. nested)")
     print(f"  measured  outside aten ops {(wall - accounted) * 1e3:8.2f} ms")
     for name, (seconds, calls) in sorted(by_op.items(), key=lambda kv: -kv[1][0])[:args.top]:
         print(f"  op {name:40s} {seconds * 1e3:8.2f} ms  {calls:5.0f} calls  {op_class(name)}")

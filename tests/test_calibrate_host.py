@@ -124,7 +124,7 @@ class _FakeSteps:
             return plan.grad_ckpt_policy
         return {(1, 8): "host bound", (8, 256): "compute bound"}.get((plan.batch_size, plan.seq_len), "plain")
 
-    def reference_step(self, device, plan):
+    def reference_step(self, device, plan, model=None):
         def one_step():
             self.calls.append(self.kind(plan))
             self.now += self.SECONDS[self.kind(plan)]
@@ -142,7 +142,7 @@ def _stub_measurement(monkeypatch, fake: _FakeSteps) -> None:
     predicted = {"plain": (0.006, 0), "full": (0.008, 100), "selective": (0.007, 80)}
     fields = {"full": "host_s_per_recomputed_op", "selective": "host_s_per_selective_recomputed_op"}
 
-    def priced(plan, device, profiles):
+    def priced(plan, device, profiles, model=None):
         free, ops = predicted[fake.kind(plan)]
         host = [getattr(p, fields[fake.kind(plan)]) or 0.0 if plan.grad_ckpt else 0.0 for p in profiles]
         return [SimpleNamespace(time=SimpleNamespace(step_s=free + h * ops)) for h in host]

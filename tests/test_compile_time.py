@@ -189,3 +189,21 @@ def test_the_search_tries_compile_and_float8_only_when_allowed(monkeypatch):
         assert best.compile and best.compile_scope == "blocks" and best.float8 is float8
         assert any("compile" in note for note in refined.notes if note.startswith("composed"))
         assert any(note.startswith("float8 not searched") for note in refined.notes) is not float8
+
+
+def test_a_compiled_regions_fused_kernels_are_not_slowed_by_the_eager_steps_element_wise_factor():
+    """calibrate fits step_non_matmul_factor on an eager step (fresh outputs, cold operands
+    per op); inductor's fused kernels ran at about the hot rates (benchmarks/time_breakdown.py
+    --compile): a larger factor slows the eager element-wise work, not the compiled rows."""
+    from trainwise.estimator.row_time import priced_rows
+
+    plan = Plan(device="cpu", batch_size=2, seq_len=32, compile=True)
+    costs = _trace(resolve_model("tiny-llama"), plan, CPU)[0].op_costs
+    slow, slower = (dataclasses.replace(PROFILE, step_non_matmul_factor=f) for f in (2.0, 4.0))
+    priced = [{(key, compiled): seconds for key, _v, compiled, _c, seconds in priced_rows(costs, plan, p)}
+              for p in (slow, slower)]
+    fused = [k for k in priced[0] if k[1] and k[0][2] in FUSIBLE and k[0][0] in ("forward", "backward")]
+    eager = [k for k in priced[0] if not k[1] and k[0][2] in FUSIBLE and priced[0][k] > 0]
+    assert fused and eager
+    assert all(priced[1][k] == pytest.approx(priced[0][k]) for k in fused)
+    assert all(priced[1][k] > priced[0][k] for k in eager)

@@ -22,9 +22,9 @@ def _step(kernels: float, calls: float, kernel_s: float, region_s: float, noise_
 
 
 def test_the_two_compiled_steps_give_the_kernels_and_the_region_calls_host_time():
-    """Per block: 72 kernels and 4 region calls; whole: 77 and 2 (tiny-llama at 2 x 64)."""
-    found = kernel_and_region_host([_step(72, 4, 9e-6, 110e-6), _step(77, 2, 9e-6, 110e-6)], 0.3e-6, 36e-6)
-    assert found["kernel_s"] == pytest.approx(9e-6) and found["region_s"] == pytest.approx(110e-6)
+    """Per block: 288 kernels and 16 region calls; whole: 287 and 2 (tiny-llama at 8 blocks, 2 x 64)."""
+    found = kernel_and_region_host([_step(288, 16, 9e-6, 67e-6), _step(287, 2, 9e-6, 67e-6)], 0.3e-6, 36e-6)
+    assert found["kernel_s"] == pytest.approx(9e-6) and found["region_s"] == pytest.approx(67e-6)
     assert "why" not in found
 
 
@@ -76,8 +76,9 @@ def test_a_machine_where_torch_compile_fails_fits_nothing(monkeypatch):
 @pytest.mark.slow
 def test_the_reference_models_compiled_steps_are_timed_on_the_cpu(tmp_path, monkeypatch):
     """Compiles tiny-llama per block and whole (tens of seconds): both steps were compiled
-    (Dynamo captured graphs), each is counted with its kernels and region calls (two blocks:
-    four calls per block, two whole), and whatever the figures read on a shared machine,
+    (Dynamo captured graphs), each is counted with its kernels and region calls (the model
+    deepened to BLOCKS: two calls a block per block, two whole), and whatever the figures
+    read on a shared machine,
     they are positive or None with why."""
     from torch._dynamo.utils import counters
 
@@ -90,7 +91,8 @@ def test_the_reference_models_compiled_steps_are_timed_on_the_cpu(tmp_path, monk
     assert "failed" not in found.get("why", ""), found.get("why")
     assert counters["stats"]["unique_graphs"] >= 2
     by_scope = {step["scope"]: step for step in found["steps"]}
-    assert by_scope["blocks"]["region_calls"] == pytest.approx(4) and by_scope["model"]["region_calls"] == pytest.approx(2)
+    assert by_scope["blocks"]["region_calls"] == pytest.approx(2 * compiled_steps.BLOCKS)
+    assert by_scope["model"]["region_calls"] == pytest.approx(2)
     assert all(step["kernels"] > 0 and step["step_s"] > 0 and step["plain_step_s"] > 0 for step in found["steps"])
     for key in ("kernel_s", "region_s"):
         assert found[key] is None or found[key] > 0

@@ -13,7 +13,8 @@ capability 8.9+), copies between pinned host memory and the device both ways, an
 device memory held outside the caching allocator (the CUDA context), and under `nproc` > 1
 the four collectives between local processes; on the CPU, last, the reference training
 steps timed again, whose change since the fit says whether the machine's speed moved
-during the calibration (calibration/steadiness.py). About 30-60 s on a small CPU (`quick`: a few
+during the calibration (calibration/steadiness.py). About 30-60 s on a small CPU, a minute
+more the first time on a CPU, compiling the reference model (`quick`: a few
 seconds, coarse).
 
 The profile goes to `out`, else to the per-user cache (`default_profile_path`), where

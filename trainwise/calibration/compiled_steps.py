@@ -15,8 +15,8 @@ extern matmul in Python, the Dynamo cache lookup over a block's guards, and AOTA
 autograd function saving and handing back a block's tensors, none of which the chain's
 tiny region has much of.
 
-So the pair is measured where it is paid: the reference model's step at CHECKPOINTED's
-size plain, compiled per block and compiled whole, timed side by side in interleaved
+So the pair is measured where it is paid: the reference model's step (deepened to BLOCKS
+blocks) at CHECKPOINTED's size plain, compiled per block and compiled whole, timed side by side in interleaved
 blocks (host_time.py: InterleavedSteps). Each compiled step less the plain one, less what
 the time model predicts that difference to be with both host figures at 0, is what the
 compiled step's kernels and region calls cost the host; the time model counts those (a
@@ -42,6 +42,12 @@ from trainwise.calibration.timing import Settings
 from trainwise.hardware.profile import DeviceProfile
 
 SCOPES = ("blocks", "model")
+# The reference model deepened to this many blocks: compiled per block its step has two
+# region calls a block, compiled whole two in all, while both have about as many kernels a
+# block. At the catalog's 2 blocks (4 calls against 2, 72 kernels against 77) the two steps
+# hardly told a region call from a kernel: a 0.1 ms difference between them moved the
+# region call's figure by 50 us; at 8, 16 calls against 2 part them.
+BLOCKS = 8
 
 
 def measure_compiled_steps(device: torch.device, fitted: DeviceProfile, settings: Settings) -> dict:
@@ -49,16 +55,21 @@ def measure_compiled_steps(device: torch.device, fitted: DeviceProfile, settings
     and per region call that the reference model's compiled steps leave (module docstring),
     `fitted` the profile with every other figure in place (its compiled pair, the chain's,
     is the fallback). None for a figure not fitted."""
-    from trainwise.calibration.host_time import (CHECKPOINTED, _checkpointed_blocks, _priced, _spread,
-                                                 time_interleaved_steps)
+    from trainwise.calibration.host_time import (CHECKPOINTED, REFERENCE_MODEL, _checkpointed_blocks, _priced,
+                                                 _spread, time_interleaved_steps)
     from trainwise.hardware.resolve import resolve_device
+    from trainwise.models import resolve_model
     from trainwise.plan.plan import Plan
+    from trainwise.trace.depth import with_blocks
 
     cpu = resolve_device("cpu")
+    reference = resolve_model(REFERENCE_MODEL)
+    model = dataclasses.replace(reference, name=f"{REFERENCE_MODEL} at {BLOCKS} blocks",
+                                config=with_blocks(reference.config, BLOCKS))
     plain = Plan(batch_size=CHECKPOINTED[0], seq_len=CHECKPOINTED[1], device="cpu")
     plans = [plain] + [plain.replace(compile=True, compile_scope=scope) for scope in SCOPES]
     try:
-        blocks = time_interleaved_steps(device, plans, *_checkpointed_blocks(settings))
+        blocks = time_interleaved_steps(device, plans, *_checkpointed_blocks(settings), model)
     except Exception as err:  # noqa: BLE001 - inductor fails in many ways without its toolchain
         reason = (str(err).strip().splitlines() or [""])[0][:200]
         return {"kernel_s": None, "region_s": None, "steps": [],
@@ -67,14 +78,14 @@ def measure_compiled_steps(device: torch.device, fitted: DeviceProfile, settings
         import torch._dynamo
 
         torch._dynamo.reset()  # the steps' compiled code is not kept past the measurement
-    predicted_plain = _priced(plain, cpu, [fitted])[0].time.step_s
+    predicted_plain = _priced(plain, cpu, [fitted], model)[0].time.step_s
     steps = []
     for scope, plan, timed in zip(SCOPES, plans[1:], blocks[1:]):
         free, per_kernel, per_region = (priced.time.step_s for priced in _priced(plan, cpu, [
             dataclasses.replace(fitted, host_s_per_compiled_kernel=k, host_s_per_compiled_region=r)
-            for k, r in ((0.0, 0.0), (1.0, 0.0), (0.0, 1.0))]))
+            for k, r in ((0.0, 0.0), (1.0, 0.0), (0.0, 1.0))], model))
         rises = [compiled - alone for compiled, alone in zip(timed, blocks[0])]
-        steps.append({"scope": scope, "batch_size": plan.batch_size, "seq_len": plan.seq_len,
+        steps.append({"scope": scope, "blocks": BLOCKS, "batch_size": plan.batch_size, "seq_len": plan.seq_len,
                       "step_s": statistics.median(timed), "spread": _spread(timed),
                       "plain_step_s": statistics.median(blocks[0]), "plain_spread": _spread(blocks[0]),
                       "measured_rise_s": statistics.median(rises), "rise_spread": _spread(rises),

@@ -64,9 +64,9 @@ class InterleavedSteps:
     asks: a load that comes and goes slows all of them alike, and block i of one plan may
     be compared with block i of another. `counts`: steps per block, one per plan."""
 
-    def __init__(self, device: torch.device, plans: list, counts: list[int]):
+    def __init__(self, device: torch.device, plans: list, counts: list[int], model=REFERENCE_MODEL):
         self.plans, self.counts = plans, counts
-        self.steps = [reference_step(device, plan) for plan in plans]
+        self.steps = [reference_step(device, plan, model) for plan in plans]
         self.clock = clock_of(synchronizer(device))
         for one_step in self.steps:
             for _ in range(5):
@@ -217,14 +217,14 @@ def _spread(values: list[float]) -> float:
     return (max(values) - min(values)) / median if median else float("inf")
 
 
-def _priced(plan, device, profiles: list[DeviceProfile]) -> list:
+def _priced(plan, device, profiles: list[DeviceProfile], model=REFERENCE_MODEL) -> list:
     """The reference model's estimate of `plan` under each of `profiles`: traced once,
     priced once per profile (estimator/step_time.py: price_step)."""
     from trainwise.estimator.predict import one_device_estimate
     from trainwise.estimator.step_time import price_step
     from trainwise.models import resolve_model
 
-    spec = resolve_model(REFERENCE_MODEL)
+    spec = model if not isinstance(model, str) else resolve_model(model)
     traced = one_device_estimate(spec, plan, device, profile=profiles[0])
     return [traced] + [dataclasses.replace(traced, time=price_step(traced.work, plan, device, profile, spec.name))
                        for profile in profiles[1:]]
@@ -279,17 +279,19 @@ def time_training_steps(device: torch.device, plan, steps: int) -> tuple[float, 
     return statistics.median(blocks), _spread(blocks)
 
 
-def time_interleaved_steps(device: torch.device, plans: list, blocks: int, steps: int) -> list[list[float]]:
+def time_interleaved_steps(device: torch.device, plans: list, blocks: int, steps: int,
+                           model=REFERENCE_MODEL) -> list[list[float]]:
     """Seconds per training step of each of `plans`, one list per plan of `blocks` blocks of
-    `steps` steps each, the plans' blocks taken in turn (InterleavedSteps)."""
-    interleaved = InterleavedSteps(device, plans, [steps] * len(plans))
+    `steps` steps each, the plans' blocks taken in turn (InterleavedSteps); `model` as
+    reference_step takes it."""
+    interleaved = InterleavedSteps(device, plans, [steps] * len(plans), model)
     for _ in range(blocks):
         interleaved.time_block()
     return interleaved.blocks
 
 
 def reference_step(device: torch.device, plan, model: str = REFERENCE_MODEL):
-    """One training step of `model` (a catalog name; the reference model unless told) under
+    """One training step of `model` (a catalog name or a ModelSpec; the reference model unless told) under
     `plan`, as trainwise's step runs it (the plan's checkpointing and compilation applied):
     a function that runs it once (the first run compiles)."""
     from trainwise.engine.compile_regions import compile_model_parts
@@ -299,7 +301,7 @@ def reference_step(device: torch.device, plan, model: str = REFERENCE_MODEL):
     from trainwise.techniques.precision import precision_policy
     from trainwise.techniques.recipe import compute_loss, prepare_model
 
-    spec = resolve_model(model)
+    spec = model if not isinstance(model, str) else resolve_model(model)
     torch.manual_seed(0)
     model = build_model(spec, device=device, batch_size=plan.batch_size, seq_len=plan.seq_len)
     model = prepare_model(model, plan, precision_policy(plan.precision, device.type))
