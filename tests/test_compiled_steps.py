@@ -50,15 +50,19 @@ def _cpu_profile(**fields) -> DeviceProfile:
 
 
 def test_calibrate_prices_compiled_steps_with_the_fitted_figures_and_keeps_the_chains_where_none(monkeypatch):
+    """On the CPU the steps' figures replace the chain's where fitted; --quick measures neither."""
     from trainwise.api import calibrate
+    from trainwise.calibration import compiled_host
     from trainwise.calibration.timing import FULL, QUICK
 
+    chain = {"kernel_s": 0.3e-6, "region_s": 36e-6, "points": []}
     found = {"kernel_s": 9e-6, "region_s": None, "why": "no positive pair", "steps": []}
+    monkeypatch.setattr(compiled_host, "measure_compiled_host", lambda device, profile, settings: chain)
     monkeypatch.setattr(compiled_steps, "measure_compiled_steps", lambda device, profile, settings: found)
-    full = calibrate._with_compiled_steps(_cpu_profile(measured={}), torch.device("cpu"), FULL)
+    full = calibrate._with_compiled_host(_cpu_profile(measured={}), torch.device("cpu"), FULL)
     assert full.host_s_per_compiled_kernel == 9e-6 and full.host_s_per_compiled_region == 36e-6
-    assert full.measured["compiled_steps"] is found
-    quick = calibrate._with_compiled_steps(_cpu_profile(measured={}), torch.device("cpu"), QUICK)
+    assert full.measured["compiled_steps"] is found and full.measured["compiled_host"] is chain
+    quick = calibrate._with_compiled_host(_cpu_profile(measured={}), torch.device("cpu"), QUICK)
     assert quick.host_s_per_compiled_kernel == 0.3e-6 and "--quick" in quick.measured["compiled_steps"]["why"]
 
 

@@ -285,11 +285,11 @@ def test_calibrate_sets_the_compiled_host_times_it_measured_and_leaves_quick_to_
     found = {"kernel_s": 7e-6, "region_s": None, "why": "the line passes through zero"}
     monkeypatch.setattr(compiled_host, "measure_compiled_host", lambda device, profile, settings: found)
     profile = dataclasses.replace(_gpu_profile(), measured={})
-    full = calibrate._with_compiled_host(profile, torch.device("cpu"), FULL)
+    full = calibrate._with_compiled_host(profile, torch.device("cuda"), FULL)  # a GPU: the chain alone
     assert full.host_s_per_compiled_kernel == 7e-6 and full.host_s_per_compiled_region is None
     assert full.compiled_kernel_host_s == 7e-6 and full.compiled_region_host_s == 40e-6  # the built-in CUDA figure
     assert full.measured["compiled_host"] is found
-    quick = calibrate._with_compiled_host(dataclasses.replace(_gpu_profile(), measured={}), torch.device("cpu"), QUICK)
+    quick = calibrate._with_compiled_host(dataclasses.replace(_gpu_profile(), measured={}), torch.device("cuda"), QUICK)
     assert quick.host_s_per_compiled_kernel is None and "--quick" in quick.measured["compiled_host"]["why"]
 
 

@@ -128,8 +128,6 @@ def calibrate(device: str = "cpu", out: str | Path | None = None, nproc: int = 1
     profile = _with_context(profile, torch_device)
     profile = _with_compiled_host(profile, torch_device, settings)
     profile = _with_compiled_random(profile, torch_device, settings, spreads)
-    if target.kind == "cpu":
-        profile = _with_compiled_steps(profile, torch_device, settings)
     _time_steadiness(profile, torch_device, settings)  # last: it times again what was fitted first
     seconds = round(time.perf_counter() - started, 1)
     measured.update(_provenance(target, nproc, quick, settings, seconds, load_start, spreads))
@@ -213,36 +211,30 @@ def _with_training_host(profile: DeviceProfile, device, settings, spreads: dict,
 
 
 def _with_compiled_host(profile: DeviceProfile, device, settings) -> DeviceProfile:
-    """The host seconds per compiled kernel and region call (calibration/compiled_host.py),
-    where measured; what was found, or why not, in `measured.compiled_host`."""
+    """The host seconds per compiled kernel and region call: a compiled chain's
+    (calibration/compiled_host.py), then on the CPU the reference model's compiled training
+    steps' in place of them where fitted (calibration/compiled_steps.py); what was found, or
+    why not, in `measured.compiled_host` and `measured.compiled_steps`."""
     if settings.quick:
-        profile.measured["compiled_host"] = {"why": "not measured under --quick (it compiles for seconds): "
-                                                    "the built-in figures stand"}
+        why = "not measured under --quick (it compiles for seconds): the built-in figures stand"
+        profile.measured["compiled_host"] = {"why": why}
+        if device.type == "cpu":
+            profile.measured["compiled_steps"] = {"why": why}
         return profile
     from trainwise.calibration.compiled_host import measure_compiled_host
+    from trainwise.calibration.compiled_steps import measure_compiled_steps
 
     found = measure_compiled_host(device, profile, settings)
     profile.measured["compiled_host"] = found
-    return dataclasses.replace(profile, host_s_per_compiled_kernel=found["kernel_s"],
-                               host_s_per_compiled_region=found["region_s"])
-
-
-def _with_compiled_steps(profile: DeviceProfile, device, settings) -> DeviceProfile:
-    """On the CPU, the host seconds per compiled kernel and region call as the reference
-    model's compiled training steps pay them (calibration/compiled_steps.py), in place of
-    the chain's where fitted; what was timed, or why not, in `measured.compiled_steps`."""
-    if settings.quick:
-        profile.measured["compiled_steps"] = {"why": "not measured under --quick (it compiles the reference model "
-                                                     "twice): the compiled chain's figures stand"}
+    profile = dataclasses.replace(profile, host_s_per_compiled_kernel=found["kernel_s"],
+                                  host_s_per_compiled_region=found["region_s"])
+    if device.type != "cpu":
         return profile
-    from trainwise.calibration.compiled_steps import measure_compiled_steps
-
     found = measure_compiled_steps(device, profile, settings)
     profile.measured["compiled_steps"] = found
-    fitted = {field: found[key] for field, key in (("host_s_per_compiled_kernel", "kernel_s"),
-                                                   ("host_s_per_compiled_region", "region_s"))
-              if found[key] is not None}
-    return dataclasses.replace(profile, **fitted)
+    return dataclasses.replace(profile, **{field: found[key] for field, key in (
+        ("host_s_per_compiled_kernel", "kernel_s"), ("host_s_per_compiled_region", "region_s"))
+        if found[key] is not None})
 
 
 def _with_compiled_random(profile: DeviceProfile, device, settings, spreads: dict) -> DeviceProfile:
