@@ -16,8 +16,8 @@ autograd function saving and handing back a block's tensors, none of which the c
 tiny region has much of.
 
 So the pair is measured where it is paid: the reference model's step (deepened to BLOCKS
-blocks) at CHECKPOINTED's size plain, compiled per block and compiled whole, timed side by side in interleaved
-blocks (host_time.py: InterleavedSteps). Each compiled step less the plain one, less what
+blocks) at CHECKPOINTED's size plain, compiled per block and compiled whole, timed side by
+side in interleaved blocks (host_time.py: InterleavedSteps). Each compiled step less the plain one, less what
 the time model predicts that difference to be with both host figures at 0, is what the
 compiled step's kernels and region calls cost the host; the time model counts those (a
 per-block step has two region calls a block, a whole-model one two in all), so the two
@@ -46,7 +46,7 @@ SCOPES = ("blocks", "model")
 # region calls a block, compiled whole two in all, while both have about as many kernels a
 # block. At the catalog's 2 blocks (4 calls against 2, 72 kernels against 77) the two steps
 # hardly told a region call from a kernel: a 0.1 ms difference between them moved the
-# region call's figure by 50 us; at 8, 16 calls against 2 part them.
+# region call's figure by 47 us; at 8 (16 calls against 2), by 7 us.
 BLOCKS = 8
 
 

@@ -291,9 +291,9 @@ def time_interleaved_steps(device: torch.device, plans: list, blocks: int, steps
 
 
 def reference_step(device: torch.device, plan, model: str = REFERENCE_MODEL):
-    """One training step of `model` (a catalog name or a ModelSpec; the reference model unless told) under
-    `plan`, as trainwise's step runs it (the plan's checkpointing and compilation applied):
-    a function that runs it once (the first run compiles)."""
+    """One training step of `model` (a catalog name or a ModelSpec; the reference model
+    unless told) under `plan`, as trainwise's step runs it (the plan's checkpointing and
+    compilation applied): a function that runs it once (the first run compiles)."""
     from trainwise.engine.compile_regions import compile_model_parts
     from trainwise.engine.schedule import build_scheduler
     from trainwise.models import build_model, example_batch, resolve_model

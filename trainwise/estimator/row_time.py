@@ -84,8 +84,8 @@ def step_factor(phase: str, op_class: str, profile: DeviceProfile, compiled: boo
         # the slowdown calibrate fits on an eager step, each op allocating a fresh output
         # and reading operands the op before it left in memory, is not its pace. Read with
         # benchmarks/time_breakdown.py --compile on the project's 2-core EPYC (tiny-llama,
-        # small-llama, small-qwen2 at 4 x 64): the fused kernels' self time was 4.1-4.7 x
-        # below their price with the factor (4.4), within 25 % of it without.
+        # small-llama, small-qwen2 at 4 x 64): the fused kernels' self time was 4.1-5.2 x
+        # below their price with the factor (4.4), within 20 % of it without.
         return profile.step_compute_factor
     return profile.step_compute_factor * profile.step_non_matmul_factor
 
