@@ -134,7 +134,7 @@ def predicted_rows(result, plan, profile) -> dict:
     over all micro-steps; host time apart, but for the compiled regions' (per kernel and per
     region call: COMPILED_HOST); their fused rows are one class (COMPILED_KERNEL)."""
     from trainwise.estimator.row_time import CONTRACTIONS, OPTIMIZER_PHASES, priced_rows
-    from trainwise.estimator.step_time import micro_step_weights
+    from trainwise.estimator.step_time import compiled_host_s, micro_step_weights
 
     rows = collections.defaultdict(lambda: [0.0, 0])
     weights = micro_step_weights(plan.grad_accum, 1)
@@ -144,8 +144,7 @@ def predicted_rows(result, plan, profile) -> dict:
             continue
         times = weights[micro] if phase in ("forward", "backward") else 1
         if compiled:
-            host = profile.compiled_region_host_s if op_class == "region" else profile.compiled_kernel_host_s
-            rows[COMPILED_HOST][0] += values[0] * host * times
+            rows[COMPILED_HOST][0] += values[0] * compiled_host_s(op_class, profile) * times
             rows[COMPILED_HOST][1] += values[0] * times
             if op_class == "region":
                 continue  # host time only

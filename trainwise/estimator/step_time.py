@@ -195,7 +195,7 @@ def step_breakdown(costs: OpCosts, weights: dict[int, int], plan: Plan, profile:
         if phase == "data":
             continue  # the batch is ready before the step's ops are queued
         if compiled:
-            host = values[0] * _compiled_host_s(op_class, profile)
+            host = values[0] * compiled_host_s(op_class, profile)
         else:
             host = (values[0] * _host_s_per_op(recomputed, plan, profile)
                     * (METADATA_HOST_SHARE if op_class == "metadata" else 1.0))
@@ -212,7 +212,7 @@ def step_breakdown(costs: OpCosts, weights: dict[int, int], plan: Plan, profile:
     return breakdown
 
 
-def _compiled_host_s(op_class: str, profile: DeviceProfile) -> float:
+def compiled_host_s(op_class: str, profile: DeviceProfile) -> float:
     """Host seconds of one call into a compiled region (op class "region": guards and the
     compiled wrapper's entry) or of one kernel its generated code launches."""
     if op_class == "region":
