@@ -129,6 +129,12 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+# Packages that change what a page reports where they are installed (float8 plans trace
+# through torchao, LoRA through peft, the Liger kernels through liger-kernel, 8-bit
+# optimizers through bitsandbytes): named with their version or "not installed".
+OPTIONAL_PACKAGES = ("peft", "torchao", "liger-kernel", "bitsandbytes")
+
+
 def versions() -> str:
     import torch
     import transformers
@@ -136,7 +142,20 @@ def versions() -> str:
     import trainwise
 
     return (f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
-            f"trainwise {trainwise.__version__}; {platform.platform()}")
+            f"trainwise {trainwise.__version__}, {optional_versions()}; {platform.platform()}")
+
+
+def optional_versions() -> str:
+    """"peft 0.x, torchao not installed, ..." as this process would import them (its sys.path)."""
+    import importlib.metadata
+
+    found = []
+    for name in OPTIONAL_PACKAGES:
+        try:
+            found.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            found.append(f"{name} not installed")
+    return ", ".join(found)
 
 
 def load_average() -> float | None:

@@ -6,7 +6,7 @@ the row's GPU (no GPU is used: every trainwise figure here is a prediction), and
 docs/results/time-model-published.md: per-row error, MAPE and median error per source and
 overall, the rank correlation within each source, with the held-out source apart.
 
-    python benchmarks/published_gpu.py --out docs/results/time-model-published.md
+    PYTHONPATH=.venv/torchao python benchmarks/published_gpu.py --out docs/results/time-model-published.md
     python benchmarks/published_gpu.py --only lf-h100-1b-2k,tw-h100-bertlarge-trainwise
 
 The compared quantity is seconds per optimizer step of the whole job:
@@ -212,6 +212,20 @@ def verdict(summary: dict, sources: dict) -> str:
             f"worst source median {worst_text})")
 
 
+def missing_tracers(rows: list[dict]) -> str | None:
+    """Why these rows cannot be predicted as published here, or None. A float8 plan is
+    traced through torchao's float8 training modules; without torchao on the path the
+    estimate refuses --float8 and the row would be predicted as bf16, a different page."""
+    import importlib.util
+
+    fp8 = [row["id"] for row in rows if PRECISIONS[row["precision"]][1]]
+    if fp8 and importlib.util.find_spec("torchao") is None:
+        return (f"rows {', '.join(fp8[:3])}{' ...' if len(fp8) > 3 else ''} are fp8 and torchao is not importable "
+                "(float8 plans are traced through it): run `make .venv/torchao`, then this command with "
+                "PYTHONPATH=.venv/torchao")
+    return None
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=Path, default=ROWS, help="the published rows file (YAML)")
@@ -231,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         wanted = set(args.only.split(","))
         rows = [row for row in rows if row["id"] in wanted]
+    missing = missing_tracers(rows)
+    if missing:
+        print(f"published_gpu.py: error: {missing}", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory() as scratch:
         predictions = [predict(row, sources, Path(scratch)) for row in rows]
     summary = summarize(predictions, sources)

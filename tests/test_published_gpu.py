@@ -102,3 +102,16 @@ def test_accuracy_is_scored_per_source_with_the_held_out_source_apart():
     assert summary["held_out"]["mape_pct"] == pytest.approx(200.0)
     assert summary["source_gpus"][("a", "A100-80GB")] == summary["sources"]["a"]
     assert "NOT met" in published_gpu.verdict(summary, sources)  # source b's median is 50 %
+
+
+def test_fp8_rows_are_refused_without_torchao_rather_than_predicted_as_bf16(monkeypatch, capsys, tmp_path):
+    import importlib.util
+
+    fp8 = next(row["id"] for row in ROWS if row["precision"] == "fp8")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name, *a))
+    assert published_gpu.main(["--only", fp8, "--out", str(tmp_path / "page.md")]) == 2
+    assert "torchao is not importable" in capsys.readouterr().err
+    assert not (tmp_path / "page.md").exists()
+    bf16 = [row for row in ROWS if row["precision"] != "fp8"]
+    assert published_gpu.missing_tracers(bf16) is None
