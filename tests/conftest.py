@@ -36,6 +36,20 @@ def private_profile_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("TRAINWISE_CACHE", str(tmp_path_factory.mktemp("profile-cache")))
 
 
+@pytest.fixture(autouse=True)
+def restored_determinism():
+    """A run with --deterministic, or a CPU compile on two threads (engine/compile_atomic_add.py),
+    turns torch's deterministic algorithms on for the process; in this one process that would
+    reach every later test, so each test gets back the state it started with."""
+    import torch
+
+    enabled, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    yield
+    torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+    torch.utils.deterministic.fill_uninitialized_memory = fill
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "float8: needs torchao, which `make test` puts on the path in a second pass "
                                        "(tests/float8_package.py)")

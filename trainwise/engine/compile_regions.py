@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from trainwise.common.errors import InputError
+from trainwise.engine.compile_atomic_add import run_scatter_adds_in_aten
 from trainwise.engine.compile_cache import enable_compile_cache
 from trainwise.plan.plan import Plan
 from trainwise.techniques.block_stacks import stacked_blocks
@@ -46,6 +47,7 @@ def compile_model_parts(parts: list[nn.Module], plan: Plan, *, in_place: bool) -
         return parts
     _check_compiler_stack()
     enable_compile_cache()
+    run_scatter_adds_in_aten(plan.device)  # before anything compiles: the choice is made at lowering
     mode = None if plan.compile_mode == "default" else plan.compile_mode
     for part in parts:
         _train_without_generation_cache(part)

@@ -16,6 +16,7 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
+from trainwise.engine.compile_atomic_add import switch_note
 from trainwise.engine.data import build_data
 from trainwise.engine.data.user_dataset import is_hf_dataset, user_dataset_data
 from trainwise.engine.flops import peak_flops_for
@@ -130,6 +131,8 @@ def _run(result: TrainResult, spec: ModelSpec | None, distributed: Distributed, 
     try:
         setup = parallelize(result.model, plan, device, run.steps, spec.task if spec else None, distributed)
         result.model = setup.model
+        if plan.compile and switch_note():  # the switch stays on for the process: said where it was turned on
+            notes.append(switch_note())
         flops, result.mfu_peak = _flops_and_peak(spec, plan, device, notes)
         peak, _ = peak_flops_for(resolve_device(device_name_for_estimate(device)), plan.precision)
         result.predicted = _predicted(spec, plan, device, notes, advisor.predict_memory)
