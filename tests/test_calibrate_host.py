@@ -152,7 +152,7 @@ def _stub_measurement(monkeypatch, fake: _FakeSteps) -> None:
 
     monkeypatch.setattr(host_time, "reference_step", fake.reference_step)
     monkeypatch.setattr(host_time, "clock_of", lambda sync: lambda: fake.now)
-    monkeypatch.setattr(host_time, "_priced", priced)
+    monkeypatch.setattr(host_time, "priced_under_profiles", priced)
     monkeypatch.setattr(host_time, "predicted_compute_and_ops", compute_and_ops)
     monkeypatch.setattr(replay, "contraction_factor", lambda device, plan: (1.0, {"ratio": 1.0}))
 

@@ -55,8 +55,8 @@ def measure_compiled_steps(device: torch.device, fitted: DeviceProfile, settings
     and per region call that the reference model's compiled steps leave (module docstring),
     `fitted` the profile with every other figure in place (its compiled pair, the chain's,
     is the fallback). None for a figure not fitted."""
-    from trainwise.calibration.host_time import (CHECKPOINTED, REFERENCE_MODEL, _checkpointed_blocks, _priced,
-                                                 _spread, time_interleaved_steps)
+    from trainwise.calibration.host_time import (CHECKPOINTED, REFERENCE_MODEL, interleaved_blocks,
+                                                 priced_under_profiles, spread, time_interleaved_steps)
     from trainwise.hardware.resolve import resolve_device
     from trainwise.models import resolve_model
     from trainwise.plan.plan import Plan
@@ -69,7 +69,7 @@ def measure_compiled_steps(device: torch.device, fitted: DeviceProfile, settings
     plain = Plan(batch_size=CHECKPOINTED[0], seq_len=CHECKPOINTED[1], device="cpu")
     plans = [plain] + [plain.replace(compile=True, compile_scope=scope) for scope in SCOPES]
     try:
-        blocks = time_interleaved_steps(device, plans, *_checkpointed_blocks(settings), model)
+        blocks = time_interleaved_steps(device, plans, *interleaved_blocks(settings), model)
     except Exception as err:  # noqa: BLE001 - inductor fails in many ways without its toolchain
         reason = (str(err).strip().splitlines() or [""])[0][:200]
         return {"kernel_s": None, "region_s": None, "steps": [],
@@ -78,17 +78,17 @@ def measure_compiled_steps(device: torch.device, fitted: DeviceProfile, settings
         import torch._dynamo
 
         torch._dynamo.reset()  # the steps' compiled code is not kept past the measurement
-    predicted_plain = _priced(plain, cpu, [fitted], model)[0].time.step_s
+    predicted_plain = priced_under_profiles(plain, cpu, [fitted], model)[0].time.step_s
     steps = []
     for scope, plan, timed in zip(SCOPES, plans[1:], blocks[1:]):
-        free, per_kernel, per_region = (priced.time.step_s for priced in _priced(plan, cpu, [
+        free, per_kernel, per_region = (priced.time.step_s for priced in priced_under_profiles(plan, cpu, [
             dataclasses.replace(fitted, host_s_per_compiled_kernel=k, host_s_per_compiled_region=r)
             for k, r in ((0.0, 0.0), (1.0, 0.0), (0.0, 1.0))], model))
         rises = [compiled - alone for compiled, alone in zip(timed, blocks[0])]
         steps.append({"scope": scope, "blocks": BLOCKS, "batch_size": plan.batch_size, "seq_len": plan.seq_len,
-                      "step_s": statistics.median(timed), "spread": _spread(timed),
-                      "plain_step_s": statistics.median(blocks[0]), "plain_spread": _spread(blocks[0]),
-                      "measured_rise_s": statistics.median(rises), "rise_spread": _spread(rises),
+                      "step_s": statistics.median(timed), "spread": spread(timed),
+                      "plain_step_s": statistics.median(blocks[0]), "plain_spread": spread(blocks[0]),
+                      "measured_rise_s": statistics.median(rises), "rise_spread": spread(rises),
                       "predicted_plain_s": predicted_plain, "predicted_without_compiled_host_s": free,
                       "kernels": per_kernel - free, "region_calls": per_region - free})
     found = kernel_and_region_host(steps, fitted.compiled_kernel_host_s, fitted.compiled_region_host_s)

@@ -129,7 +129,7 @@ def measure_training_host(device: torch.device, measured: DeviceProfile, setting
     for plan, timed in zip(reference.plans, reference.blocks):
         compute_s, fixed_s, ops = predicted_compute_and_ops(plan, resolve_device("cpu"), measured)
         points.append({"batch_size": plan.batch_size, "seq_len": plan.seq_len, "step_s": statistics.median(timed),
-                       "arithmetic_s": compute_s, "fixed_s": fixed_s, "ops": ops, "spread": _spread(timed),
+                       "arithmetic_s": compute_s, "fixed_s": fixed_s, "ops": ops, "spread": spread(timed),
                        "blocks_s": timed, "blocks_at_s": reference.taken_at})
     host, factor = host_and_factor(*points, least_host_s=measured.host_s_per_op)
     fitted = dataclasses.replace(measured, host_s_per_op=host, step_non_matmul_factor=factor)
@@ -172,19 +172,19 @@ def _recomputed_op_hosts(device: torch.device, fitted: DeviceProfile, settings: 
     plain = Plan(batch_size=CHECKPOINTED[0], seq_len=CHECKPOINTED[1], device="cpu")
     policies = {"full": "host_s_per_recomputed_op", "selective": "host_s_per_selective_recomputed_op"}
     plans = [plain] + [plain.replace(grad_ckpt=True, grad_ckpt_policy=policy) for policy in policies]
-    blocks = time_interleaved_steps(device, plans, *_checkpointed_blocks(settings))
-    predicted_plain = _priced(plain, cpu, [fitted])[0].time.step_s
+    blocks = time_interleaved_steps(device, plans, *interleaved_blocks(settings))
+    predicted_plain = priced_under_profiles(plain, cpu, [fitted])[0].time.step_s
     found = []
     for (policy, field), plan, timed in zip(policies.items(), plans[1:], blocks[1:]):
-        free, unit = (priced.time.step_s for priced in _priced(plan, cpu, [
+        free, unit = (priced.time.step_s for priced in priced_under_profiles(plan, cpu, [
             dataclasses.replace(fitted, **{field: h}) for h in (0.0, 1.0)]))
         rises = [checkpointed - alone for checkpointed, alone in zip(timed, blocks[0])]
         rise = statistics.median(rises)
         ops = unit - free
         found.append({"policy": policy, "batch_size": plain.batch_size, "seq_len": plain.seq_len,
-                      "step_s": statistics.median(timed), "spread": _spread(timed),
-                      "plain_step_s": statistics.median(blocks[0]), "plain_spread": _spread(blocks[0]),
-                      "measured_rise_s": rise, "rise_spread": _spread(rises),
+                      "step_s": statistics.median(timed), "spread": spread(timed),
+                      "plain_step_s": statistics.median(blocks[0]), "plain_spread": spread(blocks[0]),
+                      "measured_rise_s": rise, "rise_spread": spread(rises),
                       "predicted_without_recomputed_host_s": free, "predicted_plain_s": predicted_plain,
                       "recomputed_ops": ops,
                       "host_s_per_recomputed_op": recomputed_op_host(rise, free - predicted_plain, ops,
@@ -201,8 +201,9 @@ def recomputed_op_host(measured_rise_s: float, predicted_rise_s: float, ops: flo
     return max((measured_rise_s - predicted_rise_s) / ops if ops > 0 else 0.0, least_host_s)
 
 
-def _checkpointed_blocks(settings: Settings) -> tuple[int, int]:
-    """(blocks, steps per block) of each plan of the checkpointing comparison: 128 steps of
+def interleaved_blocks(settings: Settings) -> tuple[int, int]:
+    """(blocks, steps per block) of each plan of an interleaved comparison (the checkpointing
+    one here, the compiled steps' in calibration/compiled_steps.py): 128 steps of
     each of three plans, about the time the 1 x 8 checkpointed steps read before took (180
     of each of two, 13 and 24 ms on the quiet time-model page; in this process's CPU
     seconds at one thread on a busy 2-core EPYC the three 2 x 64 steps ran 9, 12 and 17 ms,
@@ -211,13 +212,13 @@ def _checkpointed_blocks(settings: Settings) -> tuple[int, int]:
     return (6, 3) if settings.quick else (16, 8)
 
 
-def _spread(values: list[float]) -> float:
+def spread(values: list[float]) -> float:
     """(max - min) / |median|: the spread a profile records (inf for a median of 0)."""
     median = abs(statistics.median(values))
     return (max(values) - min(values)) / median if median else float("inf")
 
 
-def _priced(plan, device, profiles: list[DeviceProfile], model=REFERENCE_MODEL) -> list:
+def priced_under_profiles(plan, device, profiles: list[DeviceProfile], model=REFERENCE_MODEL) -> list:
     """The reference model's estimate of `plan` under each of `profiles`: traced once,
     priced once per profile (estimator/step_time.py: price_step)."""
     from trainwise.estimator.predict import one_device_estimate
@@ -267,7 +268,7 @@ def predicted_compute_and_ops(plan, device, measured: DeviceProfile) -> tuple[fl
     counting = dataclasses.replace(measured, host_s_per_op=1.0, host_s_per_recomputed_op=None, memory=free,
                                    attention={}, attention_by_head_dim={}, transcendental=None, optimizer=None,
                                    matmul={name: free for name in measured.matmul}, corrections={})
-    priced = _priced(plan, device, [arithmetic, fixed_only, counting])
+    priced = priced_under_profiles(plan, device, [arithmetic, fixed_only, counting])
     without_host, fixed = priced[0].time.step_s, priced[1].time.step_s
     ops = priced[2].time.breakdown["host_overhead"]
     return without_host, fixed, ops
@@ -276,7 +277,7 @@ def predicted_compute_and_ops(plan, device, measured: DeviceProfile) -> tuple[fl
 def time_training_steps(device: torch.device, plan, steps: int) -> tuple[float, float]:
     """(median seconds of one training step, (max - min) / median over blocks of steps)."""
     blocks = time_interleaved_steps(device, [plan], REFERENCE_BLOCKS, steps // REFERENCE_BLOCKS)[0]
-    return statistics.median(blocks), _spread(blocks)
+    return statistics.median(blocks), spread(blocks)
 
 
 def time_interleaved_steps(device: torch.device, plans: list, blocks: int, steps: int,
