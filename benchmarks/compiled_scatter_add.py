@@ -12,7 +12,8 @@ blocks compiled as `train --compile` compiles them (engine/compile_regions.py), 
 the largest gradient difference relative to that parameter's largest gradient entry. A
 fresh process each: a wrong kernel may corrupt its heap (a crash is reported as such).
 With --runs N, N fresh 12-step `trainwise train M --compile` runs each way (batch 8 x 64,
-synthetic data) count the runs that end in a crash or a NaN loss. `small-falcon` is the
+synthetic data, a compile cache of the script's own after the first) count the runs that
+end in a crash or a NaN loss. `small-falcon` is the
 time-model benchmark's Falcon config (benchmarks/time_model.py)."""
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def gradients(model: str, way: str, env: dict) -> dict:
 
 
 def training_runs(model: str, way: str, runs: int, env: dict) -> dict:
-    """{"failed": runs that crashed or stopped on a NaN loss, "runs": runs, "last_errors": [...]}"""
+    """{"failed": runs that crashed or stopped on a NaN loss, "runs": runs, "errors": [their last lines]}"""
     head = [sys.executable, "-m", "trainwise"] if way == "on" else [sys.executable, "-c", TRAIN_WITHOUT_SWITCH]
     argv = head + ["train", model, "--device", "cpu", "--seq-len", "64", "--batch-size", "8", "--compile",
                    "--data", "synthetic", "--steps", "12", "--seed", "0", "--no-chart"]
@@ -118,14 +119,16 @@ def training_runs(model: str, way: str, runs: int, env: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     print(f"{provenance.device_description()}; commit {provenance.git_commit()}; {provenance.versions()}; "
           f"OMP_NUM_THREADS={args.threads}; load {provenance.load_average()}")
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.models.split(","):
             model = model_path(name, Path(scratch))
             for way in WAYS:
-                found = gradients(model, way, env)
+                # Each gradient check compiles afresh; the training runs share a compile cache
+                # of their own (each way has its own entries: the switch is part of the key).
+                found = gradients(model, way, {**env, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1"})
                 if "error" in found:
                     line = f"{name:14s} switch {way:3s}  {found['error']}"
                 else:
@@ -133,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"largest entry ({found['parameter']}); threads {found['threads']}, switched "
                             f"{found['switched']}")
                 if args.runs:
-                    runs = training_runs(model, way, args.runs, env)
+                    runs = training_runs(model, way, args.runs, {**env, "TRAINWISE_CACHE": f"{scratch}/cache"})
                     line += f"; training runs failed {runs['failed']} of {runs['runs']}"
                     line += "".join(f"\n    {error}" for error in runs["errors"])
                 print(line, flush=True)
