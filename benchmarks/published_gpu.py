@@ -238,9 +238,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    prov = provenance.collect(provenance.script_command("published_gpu.py", argv))
-    prov["extra"] = {"GPU": "none used; trainwise's figures are predictions from the catalog, the published "
-                            "ones are measurements copied from their sources"}
     sources, rows = load(args.rows)
     if args.only:
         wanted = set(args.only.split(","))
@@ -249,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"published_gpu.py: error: {missing}", file=sys.stderr)
         return 2
+    prov = provenance.collect(provenance.script_command("published_gpu.py", argv))
+    prov["extra"] = {"GPU": "none used; trainwise's figures are predictions from the catalog, the published "
+                            "ones are measurements copied from their sources"}
     with tempfile.TemporaryDirectory() as scratch:
         predictions = [predict(row, sources, Path(scratch)) for row in rows]
     summary = summarize(predictions, sources)

@@ -131,8 +131,9 @@ def _run(result: TrainResult, spec: ModelSpec | None, distributed: Distributed, 
     try:
         setup = parallelize(result.model, plan, device, run.steps, spec.task if spec else None, distributed)
         result.model = setup.model
-        if plan.compile and switch_note():  # the switch stays on for the process: said where it was turned on
-            notes.append(switch_note())
+        note = switch_note() if plan.compile else None  # the switch stays on for the process
+        if note:
+            notes.append(note)
         flops, result.mfu_peak = _flops_and_peak(spec, plan, device, notes)
         peak, _ = peak_flops_for(resolve_device(device_name_for_estimate(device)), plan.precision)
         result.predicted = _predicted(spec, plan, device, notes, advisor.predict_memory)
