@@ -6,12 +6,13 @@ gradient. Inductor's C++ backend writes it as an atomic add when the kernel runs
 than one thread. Where that kernel also reads a transposed tile (the key's gradient coming
 out of the score matmul), torch 2.13 adds the tile's inner offset twice: gradients land on
 the wrong rows, and past the buffer's end. The fix is in no release tried here, so the
-switch below is applied on every torch trainwise supports. Measured on this
-project's 2-core CPU with torch 2.13: a Falcon config compiled block by block had its
-query-key-value weight's gradient off by 5.8 % of its largest entry against the eager
-step on every step (under 1e-6 with one thread); 4 of 54 fresh 12-step runs ended in a NaN loss,
-a segmentation fault or glibc's "malloc assertion failure" (none of 20 with one thread, none
-of 28 eager). PyTorch's issue is pytorch/pytorch#191837, its fix pytorch/pytorch#191861.
+switch below is applied on every torch trainwise supports. Measured on this project's
+2-core CPU with torch 2.13 (`python benchmarks/compiled_scatter_add.py --models small-falcon
+--runs 30`): a Falcon config compiled block by block had its query-key-value weight's
+gradient off by 5.2 % of its largest entry against the eager step (8.9e-7 with `--threads
+1`), and 2 of 30 fresh 12-step runs stopped on a NaN loss; by hand, runs also died of a
+segmentation fault or glibc's "malloc assertion failure". PyTorch's issue is
+pytorch/pytorch#191837, its fix pytorch/pytorch#191861.
 
 Inductor lowers an accumulating index_put to ATen's own kernel when deterministic
 algorithms are on, so that is the switch: on for the process, warn-only (a kernel without a
