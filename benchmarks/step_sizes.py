@@ -66,6 +66,8 @@ def parse_args(argv):
         parser.error(str(error))
     if args.rounds < 1:
         parser.error(f"--rounds: must be at least 1, got {args.rounds}")
+    if not args.seconds > 0:
+        parser.error(f"--seconds: must be more than 0, got {args.seconds}")
     if not args.profile.is_file():
         parser.error(f"--profile: no such file: {args.profile}")
     return args

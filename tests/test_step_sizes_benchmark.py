@@ -58,8 +58,10 @@ def test_a_sweep_times_every_size_and_prints_one_json_object(tmp_path):
     assert report["provenance"]["command"].startswith("python benchmarks/step_sizes.py --profile")
 
 
-def test_a_missing_profile_is_refused_in_one_line(tmp_path, capsys):
+@pytest.mark.parametrize("argv, message", [([], "--profile: no such file"), (["--rounds", "0"], "--rounds: must be"),
+                                           (["--seconds", "0"], "--seconds: must be more than 0")])
+def test_bad_flags_are_refused_in_one_line(tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
-        step_sizes.main(["--profile", str(tmp_path / "none.json")])
+        step_sizes.main(["--profile", str(tmp_path / "none.json"), *argv])
     assert exit_info.value.code == 2
-    assert "--profile: no such file" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
