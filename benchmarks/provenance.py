@@ -146,16 +146,12 @@ def versions() -> str:
 
 
 def optional_versions() -> str:
-    """"peft 0.x, torchao not installed, ..." as this process would import them (its sys.path)."""
-    import importlib.metadata
+    """"peft 0.x, torchao not installed, ..." as this process would import them (its sys.path):
+    the versions the trace cache keys a trace by, which hold every package here."""
+    from trainwise.estimator.trace_cache import versions as traced_versions
 
-    found = []
-    for name in OPTIONAL_PACKAGES:
-        try:
-            found.append(f"{name} {importlib.metadata.version(name)}")
-        except importlib.metadata.PackageNotFoundError:
-            found.append(f"{name} not installed")
-    return ", ".join(found)
+    found = traced_versions()
+    return ", ".join(f"{name} {found[name]}" if found[name] else f"{name} not installed" for name in OPTIONAL_PACKAGES)
 
 
 def load_average() -> float | None:
